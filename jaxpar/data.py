@@ -1,0 +1,218 @@
+"""Tokenizers, uint16 memmap token files (nanoGPT layout) and the deterministic batch order.
+
+A prepared dir holds `train.bin`, `val.bin` (uint16 token ids, little-endian) and
+`meta.json` ({tokenizer, vocab_size, train_tokens, val_tokens, source}). Batches are
+a pure function of (seed, step), so a resumed run sees exactly the batches an
+uninterrupted run would, and torchref draws the very same rows.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from jaxpar.config import ConfigError
+
+BUILTIN_CORPUS = "tinyshakespeare"  # shipped gzipped inside the package; works offline
+VAL_FRACTION = 0.1
+BPE_VOCAB_SIZE = 4096
+
+
+def builtin_text() -> str:
+    data = resources.files("jaxpar.corpus").joinpath("tinyshakespeare.txt.gz").read_bytes()
+    return gzip.decompress(data).decode("utf-8")
+
+
+def read_text(path: str) -> str:
+    """A text file, or every *.txt / *.md file under a folder (sorted, joined by blank lines)."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".txt", ".md"))
+        if not files:
+            raise ConfigError(f"input={path!r} is a folder with no .txt or .md files")
+        return "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
+    if not p.is_file():
+        raise ConfigError(f"input={path!r} does not exist")
+    text = p.read_text(encoding="utf-8", errors="replace")
+    if not text:
+        raise ConfigError(f"input={path!r} is empty")
+    return text
+
+
+class Tokenizer:
+    """encode/decode + vocab size; `byte` (256 ids), a trained BPE, or a GPT-2 tokenizer dir."""
+
+    def __init__(self, kind: str, hf=None):
+        self.kind, self._hf = kind, hf
+
+    @property
+    def vocab_size(self) -> int:
+        return 256 if self._hf is None else self._hf.get_vocab_size()
+
+    def encode(self, text: str) -> np.ndarray:
+        if self._hf is None:
+            return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+        return np.asarray(self._hf.encode(text).ids, dtype=np.uint16)
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids]
+        if self._hf is None:
+            return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+        return self._hf.decode(ids)
+
+    def save(self, out_dir: Path) -> None:
+        if self._hf is not None:
+            self._hf.save(str(out_dir / "tokenizer.json"))
+
+
+def load_gpt2_tokenizer_dir(path: str) -> Tokenizer:
+    from tokenizers import ByteLevelBPETokenizer
+
+    vocab, merges = os.path.join(path, "vocab.json"), os.path.join(path, "merges.txt")
+    if not (os.path.isfile(vocab) and os.path.isfile(merges)):
+        raise ConfigError(f"tokenizer={path!r} must hold vocab.json and merges.txt")
+    return Tokenizer("gpt2-dir", ByteLevelBPETokenizer(vocab, merges))
+
+
+def make_tokenizer(spec: str, text: str | None = None) -> Tokenizer:
+    if spec == "byte":
+        return Tokenizer("byte")
+    if spec == "bpe":
+        from tokenizers import ByteLevelBPETokenizer
+
+        tok = ByteLevelBPETokenizer()
+        tok.train_from_iterator([text or ""], vocab_size=BPE_VOCAB_SIZE, min_frequency=2, show_progress=False)
+        return Tokenizer("bpe", tok)
+    if os.path.isdir(spec):
+        return load_gpt2_tokenizer_dir(spec)
+    raise ConfigError(f"tokenizer={spec!r} must be byte, bpe or a GPT-2 tokenizer dir (vocab.json + merges.txt)")
+
+
+def load_tokenizer(prepared_dir: str) -> Tokenizer:
+    """The tokenizer a prepared dir was made with (for `sample`)."""
+    meta = read_meta(prepared_dir)
+    if meta["tokenizer"] == "byte":
+        return Tokenizer("byte")
+    from tokenizers import Tokenizer as HFTokenizer
+
+    return Tokenizer(meta["tokenizer"], HFTokenizer.from_file(os.path.join(prepared_dir, "tokenizer.json")))
+
+
+def prepare(text: str, out_dir: str, tokenizer: str = "byte", source: str = "") -> dict:
+    """Tokenize `text`, split 90/10 into train.bin / val.bin, write meta.json. Returns meta."""
+    tok = make_tokenizer(tokenizer, text)
+    if tok.vocab_size > 65536:
+        raise ConfigError(f"tokenizer vocab_size={tok.vocab_size} does not fit uint16 (max 65536)")
+    ids = tok.encode(text)
+    n_val = max(int(len(ids) * VAL_FRACTION), 1)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    # Write to temp names and rename, so a crash never leaves a half-written prepared dir.
+    for name, arr in (("train.bin", ids[:-n_val]), ("val.bin", ids[-n_val:])):
+        arr.astype("<u2").tofile(out / (name + ".tmp"))
+        os.replace(out / (name + ".tmp"), out / name)
+    tok.save(out)
+    meta = {"tokenizer": tok.kind, "vocab_size": tok.vocab_size, "train_tokens": int(len(ids) - n_val),
+            "val_tokens": int(n_val), "source": source}
+    (out / "meta.json").write_text(json.dumps(meta, indent=2))
+    return meta
+
+
+def is_prepared(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "meta.json")) and os.path.isfile(os.path.join(path, "train.bin"))
+
+
+def read_meta(path: str) -> dict:
+    try:
+        meta = json.loads(Path(path, "meta.json").read_text())
+        int(meta["vocab_size"])
+        return meta
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(f"data={path!r}: meta.json is missing or corrupt") from None
+
+
+def resolve_data(data: str, tokenizer: str, workdir: str) -> str:
+    """`data=` -> prepared dir. Raw text (file/folder/built-in) is prepared into `workdir`/data."""
+    if data and is_prepared(data):
+        return data
+    if data and os.path.isdir(data) and os.path.exists(os.path.join(data, "meta.json")):
+        raise ConfigError(f"data={data!r} has meta.json but no train.bin")
+    target = os.path.join(workdir, "data")
+    if is_prepared(target):  # already prepared by an earlier (resumed) run into this dir
+        return target
+    text = builtin_text() if not data else read_text(data)
+    prepare(text, target, tokenizer, source=data or BUILTIN_CORPUS)
+    return target
+
+
+def load_tokens(path: str) -> np.ndarray:
+    """uint16 memmap of a .bin file; errors name the file."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"data file {path!r} does not exist")
+    size = os.path.getsize(path)
+    if size % 2:
+        raise ConfigError(f"data file {path!r} is corrupt (odd size {size} bytes; expected uint16 tokens)")
+    if size == 0:
+        raise ConfigError(f"data file {path!r} is empty")
+    return np.memmap(path, dtype="<u2", mode="r")
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Token ids of one prepared dir, with the model's vocab checked."""
+
+    train: np.ndarray
+    val: np.ndarray
+    vocab_size: int
+    path: str
+
+    @staticmethod
+    def open(path: str, model_vocab: int, seq_len: int) -> "Dataset":
+        meta = read_meta(path)
+        if meta["vocab_size"] > model_vocab:
+            raise ConfigError(f"data vocab_size={meta['vocab_size']} is larger than model.vocab_size={model_vocab}")
+        train, val = load_tokens(os.path.join(path, "train.bin")), load_tokens(os.path.join(path, "val.bin"))
+        for name, arr in (("train.bin", train), ("val.bin", val)):
+            if len(arr) < seq_len + 1:
+                raise ConfigError(f"{name} in {path!r} has {len(arr)} tokens, fewer than train.seq_len+1={seq_len + 1}")
+        return Dataset(train, val, int(meta["vocab_size"]), path)
+
+
+def batch_offsets(n_tokens: int, seq_len: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+    """Start offsets of the global batch for `step`: a pure function of (seed, step)."""
+    rng = np.random.default_rng([seed, step])
+    return rng.integers(0, n_tokens - seq_len - 1, size=batch_size, dtype=np.int64)
+
+
+def get_batch(tokens: np.ndarray, offsets: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets), each int32 (len(offsets), seq_len); targets are inputs shifted by one."""
+    idx = offsets[:, None] + np.arange(seq_len + 1)[None, :]
+    win = np.asarray(tokens[idx], dtype=np.int32)
+    return win[:, :-1], win[:, 1:]
+
+
+def train_batch(ds: Dataset, seq_len: int, batch_size: int, seed: int, step: int):
+    """The global batch of optimizer step `step` (0-based)."""
+    return get_batch(ds.train, batch_offsets(len(ds.train), seq_len, batch_size, seed, step), seq_len)
+
+
+def val_batch(ds: Dataset, seq_len: int, batch_size: int, seed: int, index: int):
+    """Validation batches are fixed for a run (seed offset keeps them apart from train draws)."""
+    return get_batch(ds.val, batch_offsets(len(ds.val), seq_len, batch_size, seed + 1_000_003, index), seq_len)
+
+
+def eval_windows(tokens: np.ndarray, seq_len: int, max_windows: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Window k covers tokens [k*T, k*T+T]: inputs its first T, targets its last T."""
+    n = (len(tokens) - 1) // seq_len
+    if max_windows:
+        n = min(n, max_windows)
+    if n <= 0:
+        raise ConfigError(f"eval data has {len(tokens)} tokens, fewer than train.seq_len+1={seq_len + 1}")
+    offsets = np.arange(n, dtype=np.int64) * seq_len
+    return get_batch(tokens, offsets, seq_len)

@@ -1,0 +1,287 @@
+"""GPT-2 in flax NNX, identical in architecture to HF transformers' GPT2LMHeadModel.
+
+Pre-LayerNorm blocks, learned positions, tanh-approximate GELU ("gelu_new"), tied
+input/output embedding, attention scaled by 1/sqrt(head_dim), residual projections
+initialised with std 0.02/sqrt(2*n_layer) as HF does. No parallelism here: parameters
+carry logical axis names (`axes` metadata, see `param_axes`) and key activations are
+annotated with `constrain`; the sharding rules decide what those names mean.
+
+Parameters are a plain nested dict using HF's names (`weight`, `bias`), with the
+transformer blocks stacked on a leading `layers` dim and run with `lax.scan`, so
+compile time does not grow with depth. Shapes (L layers, D=n_embd, N heads,
+Hd=head_dim, F=4D, V vocab, P positions):
+
+  wte.weight (V, D)                       wpe.weight (P, D)
+  h.ln_1.{weight,bias} (L, D)             h.ln_2.{weight,bias} (L, D)
+  h.attn.c_attn.weight (L, D, 3, N, Hd)   h.attn.c_attn.bias (L, 3, N, Hd)
+  h.attn.c_proj.weight (L, N, Hd, D)      h.attn.c_proj.bias (L, D)
+  h.mlp.c_fc.weight (L, D, F)             h.mlp.c_fc.bias (L, F)
+  h.mlp.c_proj.weight (L, F, D)           h.mlp.c_proj.bias (L, D)
+  ln_f.{weight,bias} (D,)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxpar.config import ModelConfig
+from jaxpar.logical import constrain
+from jaxpar.precision import Policy, get_policy
+
+Params = dict[str, Any]
+
+# Logical axes of one block's parameters (the stacked copy prepends "layers").
+BLOCK_AXES: Params = {
+    "ln_1": {"weight": ("embed",), "bias": ("embed",)},
+    "attn": {
+        "c_attn": {"weight": ("embed", None, "heads", "head_dim"), "bias": (None, "heads", "head_dim")},
+        "c_proj": {"weight": ("heads", "head_dim", "embed"), "bias": ("embed",)},
+    },
+    "ln_2": {"weight": ("embed",), "bias": ("embed",)},
+    "mlp": {
+        "c_fc": {"weight": ("embed", "mlp"), "bias": ("mlp",)},
+        "c_proj": {"weight": ("mlp", "embed"), "bias": ("embed",)},
+    },
+}
+
+
+def _is_axes(x) -> bool:
+    return isinstance(x, tuple)
+
+
+def param_axes(cfg: ModelConfig | None = None) -> Params:
+    """Logical axis names of every parameter, same tree as the params."""
+    return {
+        "wte": {"weight": ("vocab", "embed")},
+        "wpe": {"weight": ("seq", "embed")},
+        "h": jax.tree.map(lambda a: ("layers", *a), BLOCK_AXES, is_leaf=_is_axes),
+        "ln_f": {"weight": ("embed",), "bias": ("embed",)},
+    }
+
+
+def param_shapes(cfg: ModelConfig) -> Params:
+    L, D, N, Hd, V, P = cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.head_dim, cfg.vocab_size, cfg.n_positions
+    F = 4 * D
+    block = {
+        "ln_1": {"weight": (D,), "bias": (D,)},
+        "attn": {"c_attn": {"weight": (D, 3, N, Hd), "bias": (3, N, Hd)},
+                 "c_proj": {"weight": (N, Hd, D), "bias": (D,)}},
+        "ln_2": {"weight": (D,), "bias": (D,)},
+        "mlp": {"c_fc": {"weight": (D, F), "bias": (F,)}, "c_proj": {"weight": (F, D), "bias": (D,)}},
+    }
+    return {
+        "wte": {"weight": (V, D)},
+        "wpe": {"weight": (P, D)},
+        "h": jax.tree.map(lambda s: (L, *s), block, is_leaf=_is_axes),
+        "ln_f": {"weight": (D,), "bias": (D,)},
+    }
+
+
+def abstract_params(cfg: ModelConfig, dtype=jnp.float32) -> Params:
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), param_shapes(cfg), is_leaf=_is_axes)
+
+
+def init_params(cfg: ModelConfig, seed: int) -> Params:
+    """The shared numpy initialiser (jaxpar and torchref start from these exact weights).
+
+    HF GPT-2 init: weights and embeddings ~ N(0, 0.02); the two residual projections
+    (attn.c_proj, mlp.c_proj) ~ N(0, 0.02/sqrt(2L)); biases 0; LayerNorm weight 1.
+    Draws happen in sorted-path order from one numpy Generator, float32.
+    """
+    rng = np.random.default_rng(seed)
+    shapes = param_shapes(cfg)
+    flat = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_axes)[0]
+    values = {}
+    for path, shape in sorted(flat, key=lambda kv: jax.tree_util.keystr(kv[0])):
+        name = jax.tree_util.keystr(path)
+        if "ln_" in name:
+            v = np.ones(shape, np.float32) if "weight" in name else np.zeros(shape, np.float32)
+        elif name.endswith("['bias']"):
+            v = np.zeros(shape, np.float32)
+        else:
+            std = 0.02 / math.sqrt(2 * cfg.n_layer) if "c_proj" in name else 0.02
+            v = (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
+        values[name] = v
+    return jax.tree_util.tree_map_with_path(lambda p, _: values[jax.tree_util.keystr(p)], shapes, is_leaf=_is_axes)
+
+
+def count_params(params: Params) -> int:
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+# ----------------------------------------------------------------------------- modules
+
+
+def _param(value, axes) -> nnx.Param:
+    return nnx.Param(value, axes=axes)
+
+
+def _dropout(x, rate: float, key):
+    if rate == 0.0 or key is None:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+class LayerNorm(nnx.Module):
+    """LayerNorm with fp32 statistics; returns the input's dtype."""
+
+    def __init__(self, p: Params, axes: Params, eps: float):
+        self.weight, self.bias, self.eps = _param(p["weight"], axes["weight"]), _param(p["bias"], axes["bias"]), eps
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        mean = x32.mean(-1, keepdims=True)
+        var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps) * self.weight[...] + self.bias[...]
+        return y.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Causal multi-head self-attention; c_attn column-wise, c_proj row-wise in (in, out) layout."""
+
+    def __init__(self, cfg: ModelConfig, p: Params, axes: Params, policy: Policy):
+        self.c_attn_w = _param(p["c_attn"]["weight"], axes["c_attn"]["weight"])
+        self.c_attn_b = _param(p["c_attn"]["bias"], axes["c_attn"]["bias"])
+        self.c_proj_w = _param(p["c_proj"]["weight"], axes["c_proj"]["weight"])
+        self.c_proj_b = _param(p["c_proj"]["bias"], axes["c_proj"]["bias"])
+        self.policy, self.dropout = policy, cfg.dropout
+
+    def __call__(self, x, key=None):  # x: (B, T, D) compute dtype
+        pol = self.policy
+        # (B, T, D) x (D, 3, N, Hd) -> (B, T, 3, N, Hd)
+        qkv = jnp.einsum("btd,dcnh->btcnh", x, pol.cast(self.c_attn_w[...])) + pol.cast(self.c_attn_b[...])
+        q, k, v = (constrain(qkv[:, :, i], ("batch", "seq", "heads", "head_dim")) for i in range(3))
+        T, hd = x.shape[1], q.shape[-1]
+        # Scores and softmax in fp32: (B, N, T, T)
+        s = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
+        causal = jnp.tril(jnp.ones((T, T), dtype=bool))
+        s = jnp.where(causal, s, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(s, axis=-1)
+        if key is not None:
+            k1, key = jax.random.split(key)
+            probs = _dropout(probs, self.dropout, k1)
+        o = jnp.einsum("bnts,bsnh->btnh", probs.astype(pol.compute_dtype), v)
+        # (B, T, N, Hd) x (N, Hd, D) -> (B, T, D): row-parallel under tensor sharding
+        y = jnp.einsum("btnh,nhd->btd", o, pol.cast(self.c_proj_w[...])) + pol.cast(self.c_proj_b[...])
+        return _dropout(y, self.dropout, key)
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, p: Params, axes: Params, policy: Policy):
+        self.c_fc_w = _param(p["c_fc"]["weight"], axes["c_fc"]["weight"])
+        self.c_fc_b = _param(p["c_fc"]["bias"], axes["c_fc"]["bias"])
+        self.c_proj_w = _param(p["c_proj"]["weight"], axes["c_proj"]["weight"])
+        self.c_proj_b = _param(p["c_proj"]["bias"], axes["c_proj"]["bias"])
+        self.policy, self.dropout = policy, cfg.dropout
+
+    def __call__(self, x, key=None):  # (B, T, D) -> (B, T, F) -> (B, T, D)
+        pol = self.policy
+        h = x @ pol.cast(self.c_fc_w[...]) + pol.cast(self.c_fc_b[...])
+        h = constrain(jax.nn.gelu(h, approximate=True), ("batch", "seq", "mlp"))
+        y = h @ pol.cast(self.c_proj_w[...]) + pol.cast(self.c_proj_b[...])
+        return _dropout(y, self.dropout, key)
+
+
+class Block(nnx.Module):
+    """x + attn(ln_1(x)); x + mlp(ln_2(x))."""
+
+    def __init__(self, cfg: ModelConfig, p: Params, axes: Params, policy: Policy):
+        eps = cfg.layer_norm_epsilon
+        self.ln_1 = LayerNorm(p["ln_1"], axes["ln_1"], eps)
+        self.attn = Attention(cfg, p["attn"], axes["attn"], policy)
+        self.ln_2 = LayerNorm(p["ln_2"], axes["ln_2"], eps)
+        self.mlp = MLP(cfg, p["mlp"], axes["mlp"], policy)
+
+    def __call__(self, x, key=None):
+        k1 = k2 = None
+        if key is not None:
+            k1, k2 = jax.random.split(key)
+        x = x + self.attn(self.ln_1(x), k1)
+        x = x + self.mlp(self.ln_2(x), k2)
+        return constrain(x, ("batch", "seq", "embed"))
+
+
+def block_apply(cfg: ModelConfig, policy: Policy, layer_params: Params, x, key=None):
+    """One transformer block as a pure function of its (unstacked) params: (B, T, D) -> (B, T, D)."""
+    return Block(cfg, layer_params, BLOCK_AXES, policy)(x, key)
+
+
+def run_blocks(cfg: ModelConfig, policy: Policy, stacked: Params, x, key=None, remat: bool = False):
+    """Scan `block_apply` over a stack of layers (leading dim of every leaf). Pipeline
+    stages call this on their own slice of the stack."""
+    n = jax.tree.leaves(stacked)[0].shape[0]
+
+    def body(h, xs):
+        layer_params, k = xs
+        return block_apply(cfg, policy, layer_params, h, k), None
+
+    if remat:
+        body = jax.checkpoint(body, prevent_cse=False)
+    keys = None if key is None else jax.random.split(key, n)
+    x, _ = jax.lax.scan(body, x, (stacked, keys))
+    return x
+
+
+class GPT2(nnx.Module):
+    """GPT2LMHeadModel. `embed` -> `blocks` -> `head` are separate so pipeline stages
+    can run the first and last parts on their own stages."""
+
+    def __init__(self, cfg: ModelConfig, params: Params, policy: Policy | str = "fp32", remat: bool = False):
+        policy = get_policy(policy) if isinstance(policy, str) else policy
+        axes = param_axes(cfg)
+        self.cfg, self.policy, self.remat = cfg, policy, remat
+        self.wte = _param(params["wte"]["weight"], axes["wte"]["weight"])
+        self.wpe = _param(params["wpe"]["weight"], axes["wpe"]["weight"])
+        # The stacked blocks stay a plain dict of Params: `run_blocks` scans over them.
+        self.h = nnx.data(jax.tree.map(_param, params["h"], axes["h"], is_leaf=lambda x: not isinstance(x, dict)))
+        self.ln_f = LayerNorm(params["ln_f"], axes["ln_f"], cfg.layer_norm_epsilon)
+
+    def embed(self, tokens, key=None):  # (B, T) int32 -> (B, T, D) compute dtype
+        T = tokens.shape[1]
+        x = self.wte[...][tokens] + self.wpe[...][:T][None]
+        x = _dropout(x, self.cfg.dropout, key)
+        return constrain(self.policy.cast(x), ("batch", "seq", "embed"))
+
+    def blocks(self, x, key=None):
+        stacked = jax.tree.map(lambda v: v[...], self.h, is_leaf=lambda v: isinstance(v, nnx.Variable))
+        return run_blocks(self.cfg, self.policy, stacked, x, key, self.remat)
+
+    def head(self, x):  # (B, T, D) -> (B, T, V) fp32 logits via the tied embedding
+        x = self.ln_f(x)
+        logits = jnp.einsum("btd,vd->btv", x, self.policy.cast(self.wte[...]), preferred_element_type=jnp.float32)
+        return constrain(logits, ("batch", "seq", "vocab"))
+
+    def __call__(self, tokens, key=None):
+        k_embed = k_blocks = None
+        if key is not None:
+            k_embed, k_blocks = jax.random.split(key)
+        return self.head(self.blocks(self.embed(tokens, k_embed), k_blocks))
+
+
+def cross_entropy(logits, targets):
+    """Mean token cross-entropy in fp32. logits (B, T, V) fp32, targets (B, T) int."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return nll.mean()
+
+
+def forward(cfg: ModelConfig, params: Params, tokens, policy: Policy | str = "fp32", key=None, remat=False):
+    """Logits (B, T, V) fp32 from a plain params dict."""
+    return GPT2(cfg, params, policy, remat)(tokens, key)
+
+
+def loss_fn(cfg: ModelConfig, params: Params, tokens, targets, policy: Policy | str = "fp32", key=None, remat=False):
+    return cross_entropy(forward(cfg, params, tokens, policy, key, remat), targets)
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token (PaLM appendix B): 6N + 12*L*H*Q*T, N without embeddings' lookup."""
+    n = cfg.num_params() - cfg.n_positions * cfg.n_embd
+    return 6.0 * n + 12.0 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len

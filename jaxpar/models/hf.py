@@ -1,0 +1,141 @@
+"""transformers `save_pretrained` dir <-> jaxpar params, in HF's safetensors layout.
+
+HF GPT-2 uses Conv1D, whose weights are laid out (in, out) like ours, so conversion is
+only (un)stacking layers and reshaping the attention weights:
+  c_attn.weight (D, 3D) <-> (D, 3, N, Hd);  c_attn.bias (3D,) <-> (3, N, Hd)
+  attn.c_proj.weight (D, D) <-> (N, Hd, D)
+lm_head is tied to wte and not stored (as save_pretrained does for tied weights).
+Only numpy + safetensors are needed: transformers itself is not imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from jaxpar.config import ConfigError, ModelConfig
+from jaxpar.models.gpt2 import Params
+
+WEIGHTS = "model.safetensors"
+
+
+def hf_config_dict(cfg: ModelConfig) -> dict:
+    """config.json for GPT2LMHeadModel (fields of transformers' GPT2Config)."""
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "activation_function": "gelu_new",
+        "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head,
+        "vocab_size": cfg.vocab_size, "n_positions": cfg.n_positions, "n_ctx": cfg.n_positions,
+        "n_inner": None,
+        "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout,
+        "layer_norm_epsilon": cfg.layer_norm_epsilon, "initializer_range": 0.02,
+        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True, "use_cache": True,
+        "bos_token_id": cfg.vocab_size - 1, "eos_token_id": cfg.vocab_size - 1,
+    }
+
+
+def model_config_from_hf(path: str) -> ModelConfig:
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            c = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path!r} is not an HF save_pretrained dir (no config.json)") from None
+    except json.JSONDecodeError:
+        raise ConfigError(f"{path!r}: config.json is corrupt") from None
+    if c.get("model_type") != "gpt2":
+        raise ConfigError(f"{path!r}: model_type={c.get('model_type')!r}, expected 'gpt2'")
+    if c.get("activation_function", "gelu_new") != "gelu_new" or c.get("n_inner") not in (None, 4 * c["n_embd"]):
+        raise ConfigError(f"{path!r}: only GPT-2 with gelu_new and n_inner=4*n_embd is supported")
+    return ModelConfig(n_layer=c["n_layer"], n_embd=c["n_embd"], n_head=c["n_head"], vocab_size=c["vocab_size"],
+                       n_positions=c["n_positions"], dropout=float(c.get("resid_pdrop", 0.0)),
+                       layer_norm_epsilon=float(c.get("layer_norm_epsilon", 1e-5)))
+
+
+def to_hf_state_dict(cfg: ModelConfig, params: Params) -> dict[str, np.ndarray]:
+    """Stacked jaxpar params -> HF names, float32 numpy, HF shapes."""
+    D = cfg.n_embd
+    p = {k: v for k, v in _flat(params).items()}
+    sd = {"transformer.wte.weight": p["wte.weight"], "transformer.wpe.weight": p["wpe.weight"],
+          "transformer.ln_f.weight": p["ln_f.weight"], "transformer.ln_f.bias": p["ln_f.bias"]}
+    for i in range(cfg.n_layer):
+        pre = f"transformer.h.{i}."
+        for name in ("ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias", "attn.c_proj.bias",
+                     "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"):
+            sd[pre + name] = p["h." + name][i]
+        sd[pre + "attn.c_attn.weight"] = p["h.attn.c_attn.weight"][i].reshape(D, 3 * D)
+        sd[pre + "attn.c_attn.bias"] = p["h.attn.c_attn.bias"][i].reshape(3 * D)
+        sd[pre + "attn.c_proj.weight"] = p["h.attn.c_proj.weight"][i].reshape(D, D)
+    return {k: np.ascontiguousarray(np.asarray(v, dtype=np.float32)) for k, v in sd.items()}
+
+
+def from_hf_state_dict(cfg: ModelConfig, sd: dict[str, np.ndarray]) -> Params:
+    """HF names (with or without the `transformer.` prefix) -> stacked jaxpar params."""
+    D, N, Hd = cfg.n_embd, cfg.n_head, cfg.head_dim
+    sd = {k.removeprefix("transformer."): v for k, v in sd.items()}
+
+    def get(name, shape):
+        if name not in sd:
+            raise ConfigError(f"HF weights lack {name!r}")
+        v = np.asarray(sd[name], dtype=np.float32)
+        if v.size != int(np.prod(shape)):
+            raise ConfigError(f"HF weight {name!r} has shape {tuple(v.shape)}, expected {shape}")
+        return v.reshape(shape)
+
+    def stack(name, shape):
+        return np.stack([get(f"h.{i}.{name}", shape) for i in range(cfg.n_layer)])
+
+    return {
+        "wte": {"weight": get("wte.weight", (cfg.vocab_size, D))},
+        "wpe": {"weight": get("wpe.weight", (cfg.n_positions, D))},
+        "h": {
+            "ln_1": {"weight": stack("ln_1.weight", (D,)), "bias": stack("ln_1.bias", (D,))},
+            "attn": {"c_attn": {"weight": stack("attn.c_attn.weight", (D, 3, N, Hd)),
+                                "bias": stack("attn.c_attn.bias", (3, N, Hd))},
+                     "c_proj": {"weight": stack("attn.c_proj.weight", (N, Hd, D)),
+                                "bias": stack("attn.c_proj.bias", (D,))}},
+            "ln_2": {"weight": stack("ln_2.weight", (D,)), "bias": stack("ln_2.bias", (D,))},
+            "mlp": {"c_fc": {"weight": stack("mlp.c_fc.weight", (D, 4 * D)), "bias": stack("mlp.c_fc.bias", (4 * D,))},
+                    "c_proj": {"weight": stack("mlp.c_proj.weight", (4 * D, D)), "bias": stack("mlp.c_proj.bias", (D,))}},
+        },
+        "ln_f": {"weight": get("ln_f.weight", (D,)), "bias": get("ln_f.bias", (D,))},
+    }
+
+
+def save_hf(path: str, cfg: ModelConfig, params: Params) -> None:
+    """Write config.json + model.safetensors loadable by GPT2LMHeadModel.from_pretrained."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(path, exist_ok=True)
+    save_file(to_hf_state_dict(cfg, params), os.path.join(path, WEIGHTS), metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(hf_config_dict(cfg), f, indent=2)
+
+
+def load_hf(path: str) -> tuple[ModelConfig, Params]:
+    """Read an HF save_pretrained dir (safetensors) into (ModelConfig, params)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    cfg = model_config_from_hf(path)
+    file = os.path.join(path, WEIGHTS)
+    if not os.path.isfile(file):
+        raise ConfigError(f"{path!r} has no {WEIGHTS}")
+    try:
+        sd = load_file(file)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ConfigError(f"{file!r} is corrupt ({str(e).splitlines()[0]})") from None
+    return cfg, from_hf_state_dict(cfg, sd)
+
+
+def _flat(tree, prefix="") -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = np.asarray(v)
+    return out
