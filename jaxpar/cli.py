@@ -1,0 +1,83 @@
+"""`jaxpar <command> [--config FILE.yaml] [key=value ...]`.
+
+Exit codes: 0 success; 2 invalid configuration or input (one line `error: ...` on
+stderr, no traceback); anything else is an internal fault. JAX is imported only after
+the arguments are parsed, so emulated CPU devices can be requested first.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from jaxpar.config import ConfigError
+
+USAGE = """usage: jaxpar <command> [--config FILE.yaml] [key=value ...]
+
+commands:
+  train     train GPT-2 (model=, data=, mesh.*=, pipeline.*=, train.*=, precision=, out=, resume=, init=, plan=)
+  prepare   tokenize text: input=<file|folder> out=<dir> tokenizer=<byte|bpe|GPT-2 tokenizer dir>
+  eval      loss/perplexity: (checkpoint=<run dir> | hf=<dir>) data=<prepared dir | .bin>
+  sample    generate: checkpoint=<run dir> prompt="..." max_new_tokens= temperature= top_k= seed=
+  convert   hf=<dir> out=<run dir>  |  checkpoint=<run dir> to_hf=<dir>
+  plot      run=<run dir>: PNG of loss and tokens/s
+  mesh      print devices, processes and the resolved mesh (mesh.*=)
+  launch    nprocs=N -- <command ...>: spawn N local processes (CPU collectives)
+  inspect   compile the train step only; print memory and collective bytes (= train dry_run=true)
+  plan      choose mesh, stages, microbatches and remat from the cost model
+"""
+
+# command -> "module:function"; each function takes argv (after the command) and returns an exit code.
+COMMANDS = {
+    "train": "jaxpar.commands:train",
+    "inspect": "jaxpar.commands:inspect",
+    "prepare": "jaxpar.commands:prepare",
+    "eval": "jaxpar.commands:evaluate",
+    "sample": "jaxpar.commands:sample",
+    "convert": "jaxpar.commands:convert",
+    "plot": "jaxpar.commands:plot",
+    "mesh": "jaxpar.commands:mesh",
+    "launch": "jaxpar.launch:main",
+    "plan": "jaxpar.planner.cli:main",
+}
+
+
+def split_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:
+    """Pull `--config FILE` / `--config=FILE` out of argv."""
+    out, path, it = [], None, iter(argv)
+    for a in it:
+        if a == "--config":
+            path = next(it, None)
+            if path is None:
+                raise ConfigError("--config needs a file path")
+        elif a.startswith("--config="):
+            path = a.split("=", 1)[1]
+        else:
+            out.append(a)
+    return path, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"error: unknown command {cmd!r} (choose from {', '.join(COMMANDS)})", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    module, func = COMMANDS[cmd].split(":")
+    try:
+        return int(getattr(importlib.import_module(module), func)(rest) or 0)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

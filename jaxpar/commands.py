@@ -1,0 +1,236 @@
+"""The CLI's commands. Each takes argv (after the command name) and returns an exit code.
+
+JAX-importing modules are imported inside the functions, after `_devices_for()` has had
+the chance to ask XLA for emulated CPU devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+from jaxpar import config as C
+from jaxpar.config import ConfigError
+
+
+def _pop(kv: dict, key: str, default=None):
+    return kv.pop(key) if key in kv else default
+
+
+def _parse(argv: list[str], extra: tuple[str, ...] = (), base: C.Config | None = None):
+    """--config + key=value -> (Config, {extra keys}). Extra keys are command-specific."""
+    from jaxpar.cli import split_config_flag
+
+    path, rest = split_config_flag(argv)
+    kv = C.parse_kv(rest)
+    extras = {k: kv.pop(k) for k in extra if k in kv}
+    cfg = base or C.Config()
+    if path:
+        cfg = C.apply_overrides(cfg, C.load_yaml(path))
+    return C.validate(C.apply_overrides(cfg, kv)), extras
+
+
+def _emulate_devices_for(cfg: C.Config) -> None:
+    """On CPU, give XLA as many host devices as the mesh asks for (no-op for GPUs/TPUs,
+    which ignore this flag). Must happen before JAX initialises."""
+    from jaxpar.mesh import emulate_host_devices, mesh_size
+
+    n = mesh_size(cfg.mesh)
+    if n > 1 and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        emulate_host_devices(n)
+
+
+def _maybe_distributed() -> None:
+    """Join a multi-process job when launched by `jaxpar launch`, mpiexec or SLURM."""
+    from jaxpar import mesh
+
+    if hasattr(mesh, "maybe_initialize_distributed"):
+        mesh.maybe_initialize_distributed()
+
+
+def train(argv: list[str], dry_run: bool = False) -> int:
+    cfg, _ = _parse(argv)
+    if cfg.plan:
+        from jaxpar.planner.apply import apply_plan  # noqa: PLC0415
+
+        cfg = apply_plan(cfg)
+    _emulate_devices_for(cfg)
+    _maybe_distributed()
+    if dry_run or cfg.dry_run:
+        from jaxpar.inspect import run_inspect
+
+        return run_inspect(cfg)
+    from jaxpar.loop import run_train
+
+    return run_train(cfg)
+
+
+def inspect(argv: list[str]) -> int:
+    return train(argv, dry_run=True)
+
+
+def prepare(argv: list[str]) -> int:
+    from jaxpar import data
+
+    kv = C.parse_kv(argv)
+    unknown = set(kv) - {"input", "out", "tokenizer"}
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))} (valid: input, out, tokenizer)")
+    if "out" not in kv:
+        raise ConfigError("prepare needs out=<dir>")
+    src = kv.get("input", "")
+    text = data.builtin_text() if not src else data.read_text(src)
+    meta = data.prepare(text, kv["out"], kv.get("tokenizer", "byte"), source=src or data.BUILTIN_CORPUS)
+    print(json.dumps(meta))
+    return 0
+
+
+def load_model(checkpoint: str = "", hf_dir: str = ""):
+    """(Config of the run or a default one, ModelConfig, numpy-or-jax params) from a run dir or HF dir."""
+    from jaxpar.models import gpt2, hf
+
+    if hf_dir:
+        mc, params = hf.load_hf(hf_dir)
+        return C.Config(model=mc, model_name=f"hf:{hf_dir}"), params
+    try:
+        with open(os.path.join(checkpoint, "config.json")) as f:
+            run_cfg = C.from_dict(json.load(f))
+    except FileNotFoundError:
+        raise ConfigError(f"checkpoint={checkpoint!r} has no config.json (not a jaxpar run dir)") from None
+    except (json.JSONDecodeError, TypeError, ConfigError):
+        raise ConfigError(f"checkpoint={checkpoint!r}: config.json is corrupt") from None
+    from jaxpar.checkpoint import open_existing
+
+    ck, step = open_existing(checkpoint)
+    params, _ = ck.restore_params(step, gpt2.abstract_params(run_cfg.model))
+    ck.close()
+    return run_cfg, params
+
+
+def evaluate(argv: list[str]) -> int:
+    """Loss over windows k*T..k*T+T of val.bin (or a .bin); prints {"loss","perplexity","tokens"}."""
+    import math
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxpar import data as data_lib
+    from jaxpar.models import gpt2
+
+    path, rest = __import__("jaxpar.cli", fromlist=["x"]).split_config_flag(argv)
+    kv = C.parse_kv(rest)
+    ckpt, hf_dir, data_arg = _pop(kv, "checkpoint", ""), _pop(kv, "hf", ""), _pop(kv, "data", "")
+    if bool(ckpt) == bool(hf_dir):
+        raise ConfigError("eval needs exactly one of checkpoint=<run dir> or hf=<dir>")
+    if not data_arg:
+        raise ConfigError("eval needs data=<prepared dir | .bin file>")
+    base, params = load_model(ckpt, hf_dir)
+    base = dataclasses.replace(base, precision="fp32")  # eval defaults to exact fp32
+    if path:
+        base = C.apply_overrides(base, C.load_yaml(path))
+    cfg = C.validate(C.apply_overrides(base, kv))
+    if os.path.isdir(data_arg):
+        meta = data_lib.read_meta(data_arg)
+        if meta["vocab_size"] > cfg.model.vocab_size:
+            raise ConfigError(f"data vocab_size={meta['vocab_size']} is larger than model.vocab_size="
+                              f"{cfg.model.vocab_size}")
+        tokens = data_lib.load_tokens(os.path.join(data_arg, "val.bin"))
+    else:
+        tokens = data_lib.load_tokens(data_arg)
+    if int(tokens.max()) >= cfg.model.vocab_size:
+        raise ConfigError(f"data={data_arg!r} holds token id {int(tokens.max())} >= model.vocab_size="
+                          f"{cfg.model.vocab_size}")
+    T, B = cfg.train.seq_len, cfg.train.batch_size
+    xs, ys = data_lib.eval_windows(tokens, T, cfg.eval.windows)
+
+    @jax.jit
+    def row_nll(p, x, y):  # (B, T) -> (B,) summed token NLL per window
+        logits = gpt2.forward(cfg.model, p, x, cfg.precision)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return -jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0].sum(-1)
+
+    total = 0.0
+    for i in range(0, len(xs), B):
+        x, y = xs[i:i + B], ys[i:i + B]
+        n_rows = len(x)
+        if n_rows < B:  # pad the last batch to the same shape (one compile); padded rows are dropped
+            x, y = (np.concatenate([a, np.zeros((B - n_rows, T), a.dtype)]) for a in (x, y))
+        total += float(np.asarray(row_nll(params, x, y))[:n_rows].sum())
+    n = int(xs.size)
+    loss = total / n
+    print(json.dumps({"loss": loss, "perplexity": math.exp(loss), "tokens": n}))
+    return 0
+
+
+def sample(argv: list[str]) -> int:
+    from jaxpar.sample import run_sample
+
+    kv = C.parse_kv(argv)
+    known = {"checkpoint", "prompt", "max_new_tokens", "temperature", "top_k", "seed"}
+    unknown = set(kv) - known
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))} (valid: {', '.join(sorted(known))})")
+    if not kv.get("checkpoint"):
+        raise ConfigError("sample needs checkpoint=<run dir>")
+    return run_sample(kv)
+
+
+def convert(argv: list[str]) -> int:
+    from jaxpar.models import hf
+
+    kv = C.parse_kv(argv)
+    if set(kv) == {"hf", "out"}:
+        from jaxpar.checkpoint import Checkpointer
+
+        if os.path.isdir(kv["out"]) and os.listdir(kv["out"]):
+            raise ConfigError(f"out={kv['out']!r} is not empty")
+        mc, params = hf.load_hf(kv["hf"])
+        cfg = C.Config(model=mc, model_name=f"hf:{kv['hf']}", init=kv["hf"], out=kv["out"])
+        os.makedirs(kv["out"], exist_ok=True)
+        with open(os.path.join(kv["out"], "config.json"), "w") as f:
+            f.write(C.dumps(cfg))
+        ck = Checkpointer(kv["out"])
+        ck.save(0, {"params": params}, {"step": 0, "seed": cfg.seed, "source": kv["hf"]})
+        ck.close()
+        print(f"converted {kv['hf']} -> {kv['out']} ({mc.num_params():,} params)")
+        return 0
+    if set(kv) == {"checkpoint", "to_hf"}:
+        if os.path.isdir(kv["to_hf"]) and os.listdir(kv["to_hf"]):
+            raise ConfigError(f"to_hf={kv['to_hf']!r} is not empty")
+        cfg, params = load_model(kv["checkpoint"])
+        hf.save_hf(kv["to_hf"], cfg.model, params)
+        print(f"exported {kv['checkpoint']} -> {kv['to_hf']} (transformers safetensors)")
+        return 0
+    raise ConfigError(f"convert takes hf=DIR out=DIR or checkpoint=DIR to_hf=DIR (got {', '.join(sorted(kv)) or 'nothing'})")
+
+
+def plot(argv: list[str]) -> int:
+    from jaxpar.plot import plot_run
+
+    kv = C.parse_kv(argv)
+    if set(kv) - {"run", "out"} or "run" not in kv:
+        raise ConfigError("plot takes run=<run dir> [out=<png>]")
+    path = plot_run(kv["run"], kv.get("out"))
+    print(path)
+    return 0
+
+
+def mesh(argv: list[str]) -> int:
+    cfg, _ = _parse(argv)
+    _emulate_devices_for(cfg)
+    _maybe_distributed()
+    from jaxpar import mesh as mesh_lib
+
+    m = mesh_lib.build_mesh(cfg.mesh)
+    if hasattr(mesh_lib, "describe"):
+        print(mesh_lib.describe(m))
+    else:
+        print(m)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(train(sys.argv[1:]))

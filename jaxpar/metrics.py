@@ -1,0 +1,83 @@
+"""Per-step metrics: `<out>/metrics.jsonl`, console progress and optional TensorBoard.
+
+Only process 0 writes. Console: a rich progress bar on a TTY, plain lines otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def truncate_after(path: str, step: int) -> None:
+    """Drop lines with step > `step` (a resumed run rewrites what came after its checkpoint)."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        keep = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    with open(path, "w") as f:
+        f.writelines(keep)
+
+
+class MetricsLogger:
+    def __init__(self, out_dir: str, total_steps: int, start_step: int, progress: str = "auto", enabled=True):
+        self.enabled, self.total = enabled, total_steps
+        self.path = os.path.join(out_dir, METRICS_FILE)
+        self.tb = None
+        self.bar = None
+        if not enabled:
+            return
+        self.file = open(self.path, "a")
+        try:
+            from tensorboardX import SummaryWriter
+
+            self.tb = SummaryWriter(os.path.join(out_dir, "tb"))
+        except ImportError:
+            pass
+        mode = progress if progress != "auto" else ("bar" if sys.stdout.isatty() else "plain")
+        self.mode = mode
+        if mode == "bar":
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                TextColumn("{task.fields[info]}"))
+            self.bar.start()
+            self.task = self.bar.add_task("train", total=total_steps, completed=start_step, info="")
+
+    def log(self, rec: dict) -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(rec) + "\n")
+        self.file.flush()
+        if self.tb is not None:
+            for k, v in rec.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self.tb.add_scalar(k, v, rec["step"])
+        info = (f"loss {rec['loss']:.4f} | {rec['tokens_per_s']:,.0f} tok/s | "
+                f"{rec['step_time_s'] * 1e3:.1f} ms | mfu {rec['mfu'] * 100:.2f}%")
+        if "val_loss" in rec:
+            info += f" | val {rec['val_loss']:.4f}"
+        if self.bar is not None:
+            self.bar.update(self.task, completed=rec["step"], info=info)
+        elif self.mode == "plain":
+            print(f"step {rec['step']:>6}/{self.total} | {info}", flush=True)
+
+    def message(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.console.print(text)
+        elif self.mode != "none":
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.stop()
+        if self.tb is not None:
+            self.tb.close()
+        self.file.close()

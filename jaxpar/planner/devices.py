@@ -1,0 +1,92 @@
+"""Device table for the planner: peak FLOP/s, memory, interconnect, overridable by key.
+
+Figures are vendor datasheet numbers (dense, no sparsity). Bandwidths are per device and
+per direction, which is what the ring formulas in `cost.py` expect: NVLink 3 (A100) is
+600 GB/s bidirectional -> 300 GB/s; NVLink 4 (H100/H200) 900 -> 450 GB/s. Between nodes
+(`node_size` devices per node) traffic goes over InfiniBand: one 400 Gb/s NDR (200 Gb/s HDR
+for A100) NIC per GPU -> 50 (25) GB/s. The `cpu` row describes emulated host devices
+(`--xla_force_host_platform_device_count`): all on one node, "bandwidth" is memcpy speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from jaxpar.config import ConfigError
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator kind. Units: FLOP/s, bytes, bytes/s, seconds."""
+
+    name: str
+    peak_flops: float  # dense bf16 (fp32 for cpu) FLOP/s
+    peak_flops_fp32: float  # used when precision=fp32
+    memory: float  # bytes of device memory
+    bandwidth: float  # intra-node, per direction, bytes/s
+    inter_bandwidth: float  # inter-node, per device, per direction, bytes/s
+    latency: float  # alpha: seconds per collective hop
+    node_size: int = 8  # devices sharing the fast intra-node link
+    efficiency: float = 0.55  # best achievable fraction of peak on large matmuls
+    overlap: float = 0.0  # fraction of DP/FSDP collective time hidden behind compute
+
+
+DEVICES: dict[str, DeviceSpec] = {
+    "cpu": DeviceSpec("cpu", 5e10, 5e10, 16 * GiB, 5e9, 5e9, 2e-5, node_size=1 << 30, efficiency=0.5),
+    "a100-40g": DeviceSpec("a100-40g", 312e12, 19.5e12, 40 * GiB, 300e9, 25e9, 5e-6, overlap=0.5),
+    "a100-80g": DeviceSpec("a100-80g", 312e12, 19.5e12, 80 * GiB, 300e9, 25e9, 5e-6, overlap=0.5),
+    "h100": DeviceSpec("h100", 989e12, 67e12, 80 * GiB, 450e9, 50e9, 3e-6, overlap=0.5),
+    "h200": DeviceSpec("h200", 989e12, 67e12, 141e9, 450e9, 50e9, 3e-6, overlap=0.5),
+}
+
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+          "kib": 1024, "mib": 1024**2, "gib": GiB, "tib": 1024**4}
+
+
+def parse_bytes(raw: str | float, key: str = "memory_limit") -> float:
+    """'16GB' -> 16e9, '16GiB' -> 16·2^30, '1.5e9' -> 1.5e9. Raises ConfigError."""
+    if isinstance(raw, (int, float)):
+        return float(raw)
+    s = str(raw).strip().lower().replace("_", "")
+    num = s.rstrip("kmgtib")
+    unit = s[len(num):]
+    try:
+        if unit not in _UNITS:
+            raise ValueError
+        v = float(num) * _UNITS[unit]
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r} is not a size (e.g. 16GB, 40GiB, 1.6e10)") from None
+    if v <= 0:
+        raise ConfigError(f"{key}={raw!r} must be positive")
+    return v
+
+
+def get_device(kind: str, overrides: dict[str, str] | None = None) -> DeviceSpec:
+    """Table row `kind` with `{field: raw value}` overrides (from `device.<field>=` keys)."""
+    if kind not in DEVICES:
+        raise ConfigError(f"device={kind!r} is not known (choose from {', '.join(DEVICES)})")
+    spec = DEVICES[kind]
+    kw = {}
+    types = {f.name: f.type for f in dataclasses.fields(DeviceSpec)}
+    for k, raw in (overrides or {}).items():
+        if k not in types or k == "name":
+            valid = ", ".join(f"device.{f}" for f in types if f != "name")
+            raise ConfigError(f"unknown key 'device.{k}' (valid: {valid})")
+        try:
+            if k == "memory":
+                v = parse_bytes(raw, "device.memory")
+            elif k == "node_size":
+                v = int(raw)
+            else:
+                v = float(raw)
+        except ValueError:
+            raise ConfigError(f"device.{k}={raw!r} is not a number") from None
+        if v <= 0 and k != "overlap":
+            raise ConfigError(f"device.{k}={raw!r} must be positive")
+        if k in ("efficiency", "overlap") and not 0 <= v <= 1:
+            raise ConfigError(f"device.{k}={raw!r} must be in [0, 1]")
+        kw[k] = v
+    return dataclasses.replace(spec, **kw)

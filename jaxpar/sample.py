@@ -1,0 +1,72 @@
+"""`jaxpar sample`: autoregressive generation from a run's checkpoint.
+
+No KV cache: each new token re-runs the model on a fixed (1, W) buffer, W = prompt +
+max_new_tokens capped at n_positions, so there is one compile. Causal attention makes
+the padding after position i irrelevant to the logits at i.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpar import data as data_lib
+from jaxpar.config import ConfigError, _parse_value
+
+
+def generate(cfg, params, prompt_ids: np.ndarray, max_new_tokens: int, temperature: float, top_k: int, seed: int,
+             precision: str = "fp32") -> np.ndarray:
+    from jaxpar.models import gpt2
+
+    mc = cfg.model
+    W = min(mc.n_positions, len(prompt_ids) + max_new_tokens)
+    ids = list(int(i) for i in prompt_ids)
+
+    @jax.jit
+    def next_logits(p, buf, pos):
+        return gpt2.forward(mc, p, buf[None], precision)[0, pos]
+
+    key = jax.random.PRNGKey(seed)
+    for _ in range(max_new_tokens):
+        window = ids[-W:]
+        buf = np.zeros(W, np.int32)
+        buf[: len(window)] = window
+        logits = next_logits(params, jnp.asarray(buf), len(window) - 1)
+        if temperature <= 0:
+            nxt = int(jnp.argmax(logits))
+        else:
+            logits = logits / temperature
+            if top_k > 0:
+                kth = jnp.sort(logits)[-min(top_k, logits.shape[-1])]
+                logits = jnp.where(logits < kth, -jnp.inf, logits)
+            key, sub = jax.random.split(key)
+            nxt = int(jax.random.categorical(sub, logits))
+        ids.append(nxt)
+    return np.asarray(ids, np.int32)
+
+
+def run_sample(kv: dict) -> int:
+    from jaxpar.commands import load_model
+
+    run = kv["checkpoint"]
+    cfg, params = load_model(run)
+    prepared = os.path.join(run, "data") if data_lib.is_prepared(os.path.join(run, "data")) else cfg.data
+    if not prepared or not data_lib.is_prepared(prepared):
+        raise ConfigError(f"checkpoint={run!r}: cannot find the tokenizer (no prepared data in {run}/data)")
+    tok = data_lib.load_tokenizer(prepared)
+    n = _parse_value(int, kv.get("max_new_tokens", "100"), "max_new_tokens")
+    temp = _parse_value(float, kv.get("temperature", "0.8"), "temperature")
+    top_k = _parse_value(int, kv.get("top_k", "40"), "top_k")
+    seed = _parse_value(int, kv.get("seed", "0"), "seed")
+    if n <= 0:
+        raise ConfigError(f"max_new_tokens={n} must be positive")
+    prompt = kv.get("prompt", "\n")
+    ids = tok.encode(prompt)
+    if len(ids) == 0:
+        ids = tok.encode("\n")
+    out = generate(cfg, params, ids, n, temp, top_k, seed)
+    print(tok.decode(out))
+    return 0

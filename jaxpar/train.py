@@ -1,0 +1,221 @@
+"""Optimizer, the jit-compiled sharded train step, and the training loop.
+
+State is a plain dict {"step", "params", "opt_state"}; params are fp32 master weights.
+The step is compiled once with explicit in/out shardings derived from the rules tables
+(`jaxpar.sharding`) via `eval_shape`, and the state is donated. Gradients are fp32 (they
+are gradients of fp32 params), so their reduction over data/fsdp is fp32 in bf16 mode too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxpar import sharding as shd
+from jaxpar.config import Config, ConfigError, ModelConfig, TrainConfig
+from jaxpar.logical import activation_rules
+from jaxpar.mesh import build_mesh
+from jaxpar.models import gpt2
+from jaxpar.precision import get_policy
+
+State = dict[str, Any]
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def lr_schedule(tc: TrainConfig) -> optax.Schedule:
+    """Linear warmup 0 -> lr over min(warmup_steps, steps), then cosine to lr*min_lr_ratio at `steps`."""
+    warmup = min(tc.warmup_steps, tc.steps)
+    decay = optax.cosine_decay_schedule(tc.lr, max(tc.steps - warmup, 1), alpha=tc.min_lr_ratio)
+    if warmup == 0:
+        return decay
+    return optax.join_schedules([optax.linear_schedule(0.0, tc.lr, warmup), decay], [warmup])
+
+
+def decay_mask(params) -> Any:
+    """GPT-2 practice: decay the matmul weights only; not biases, LayerNorm or embeddings."""
+
+    def keep(path, _):
+        name = jax.tree_util.keystr(path)
+        return name.endswith("['weight']") and "ln_" not in name and "wte" not in name and "wpe" not in name
+
+    return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
+    """global-norm clip (no epsilon) -> AdamW with bias correction and masked decay."""
+    adamw = optax.adamw(lr_schedule(tc), b1=tc.beta1, b2=tc.beta2, eps=tc.eps, weight_decay=tc.weight_decay,
+                        mask=decay_mask)
+    return optax.chain(optax.clip_by_global_norm(tc.grad_clip), adamw) if tc.grad_clip > 0 else adamw
+
+
+# ----------------------------------------------------------------------------- step
+
+
+@dataclasses.dataclass
+class Trainer:
+    """Everything compiled for one (config, mesh): shardings, init and step functions."""
+
+    cfg: Config
+    mesh: Any
+    tx: optax.GradientTransformation
+    state_shardings: Any
+    batch_sharding: NamedSharding
+    step_fn: Callable  # (state, inputs, targets) -> (state, metrics)
+    eval_fn: Callable  # (params, inputs, targets) -> (sum_nll, n_tokens)
+    schedule: optax.Schedule  # learning rate at step count
+
+    def init_state(self, params) -> State:
+        """Place (numpy) params on the mesh and build the optimizer state there."""
+        params = jax.device_put(params, self.state_shardings["params"])
+        opt_init = jax.jit(self.tx.init, out_shardings=self.state_shardings["opt_state"])
+        step = jax.device_put(jnp.zeros((), jnp.int32), self.state_shardings["step"])
+        return {"step": step, "params": params, "opt_state": opt_init(params)}
+
+    def abstract_state(self) -> State:
+        """ShapeDtypeStructs with shardings (for checkpoint restore)."""
+        shapes = jax.eval_shape(lambda p: {"step": jnp.zeros((), jnp.int32), "params": p,
+                                           "opt_state": self.tx.init(p)},
+                                gpt2.abstract_params(self.cfg.model))
+        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                            shapes, self.state_shardings)
+
+    def put_batch(self, x: np.ndarray) -> jax.Array:
+        """A global (B, T) batch from this process's rows (the whole batch when single-process)."""
+        if jax.process_count() == 1:
+            return jax.device_put(x, self.batch_sharding)
+        return jax.make_array_from_callback(x.shape, self.batch_sharding, lambda idx: x[idx])
+
+
+def make_loss_fn(cfg: Config, mesh) -> Callable:
+    """(params, inputs (B,T), targets (B,T), key|None) -> mean fp32 loss, with activation rules on."""
+    policy, mc = get_policy(cfg.precision), cfg.model
+    rules = shd.activation_rules(cfg.mesh)
+
+    def loss(params, inputs, targets, key):
+        with activation_rules(mesh, rules):
+            return gpt2.loss_fn(mc, params, inputs, targets, policy, key, cfg.train.remat)
+
+    return loss
+
+
+def build_trainer(cfg: Config, mesh=None) -> Trainer:
+    """Compile-ready trainer for `cfg` on `mesh` (built from cfg.mesh over all devices if None)."""
+    mesh = build_mesh(cfg.mesh) if mesh is None else mesh
+    tc = cfg.train
+    tx = make_optimizer(tc)
+    param_specs = shd.param_specs(gpt2.param_axes(cfg.model), shd.param_rules(cfg.mesh))
+    abstract = gpt2.abstract_params(cfg.model)
+    opt_specs = optax.tree_map_params(tx, lambda _, s: s, jax.eval_shape(tx.init, abstract), param_specs,
+                                      transform_non_params=lambda _: PartitionSpec(),
+                                      is_leaf=lambda x: isinstance(x, PartitionSpec))
+    specs = {"step": PartitionSpec(), "params": param_specs, "opt_state": opt_specs}
+    state_sh = shd.named(mesh, specs)
+    batch_sh = NamedSharding(mesh, shd.batch_spec())
+    loss_fn = make_loss_fn(cfg, mesh)
+    grad_fn = jax.value_and_grad(loss_fn)
+    accum = tc.grad_accum
+    use_dropout = cfg.model.dropout > 0
+
+    def train_step(state, inputs, targets):
+        key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), state["step"]) if use_dropout else None
+        if accum == 1:
+            loss, grads = grad_fn(state["params"], inputs, targets, key)
+        else:
+            # (B, T) -> (A, B/A, T) taking every A-th row, so each microbatch spans all data shards.
+            B, T = inputs.shape
+            split = lambda a: a.reshape(B // accum, accum, T).swapaxes(0, 1)  # noqa: E731
+            xs, ys = split(inputs), split(targets)
+            mb_spec = NamedSharding(mesh, PartitionSpec(None, *shd.batch_spec()))
+            xs, ys = jax.lax.with_sharding_constraint((xs, ys), mb_spec)
+
+            def body(carry, mb):
+                loss_sum, g_sum = carry
+                i, x, y = mb
+                k = None if key is None else jax.random.fold_in(key, i)
+                l, g = grad_fn(state["params"], x, y, k)
+                return (loss_sum + l, jax.tree.map(jnp.add, g_sum, g)), None
+
+            zeros = jax.tree.map(jnp.zeros_like, state["params"])
+            (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), (jnp.arange(accum), xs, ys))
+            loss, grads = loss / accum, jax.tree.map(lambda g: g / accum, grads)
+        grad_norm = optax.global_norm(grads)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        new = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
+        return new, {"loss": loss, "grad_norm": grad_norm}
+
+    def eval_step(params, inputs, targets):
+        logits = _forward(cfg, mesh, params, inputs)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        return nll.sum(), jnp.asarray(nll.size, jnp.float32)
+
+    repl = NamedSharding(mesh, PartitionSpec())
+    step_fn = jax.jit(train_step, in_shardings=(state_sh, batch_sh, batch_sh),
+                      out_shardings=(state_sh, {"loss": repl, "grad_norm": repl}), donate_argnums=0)
+    eval_fn = jax.jit(eval_step, in_shardings=(state_sh["params"], batch_sh, batch_sh), out_shardings=(repl, repl))
+    return Trainer(cfg, mesh, tx, state_sh, batch_sh, step_fn, eval_fn, lr_schedule(tc))
+
+
+def _forward(cfg: Config, mesh, params, inputs):
+    with activation_rules(mesh, shd.activation_rules(cfg.mesh)):
+        return gpt2.forward(cfg.model, params, inputs, get_policy(cfg.precision))
+
+
+# ----------------------------------------------------------------------------- metrics helpers
+
+# Dense peak FLOP/s per device: (bf16, fp32). GPU fp32 is the non-tensor-core figure.
+PEAK_FLOPS = {
+    "a100": (312e12, 19.5e12),
+    "h100": (989e12, 67e12),
+    "h200": (989e12, 67e12),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def measured_cpu_peak() -> float:
+    """Peak FLOP/s of this CPU backend (all cores), measured once with a 1024^3 fp32 matmul."""
+    import time
+
+    a = jnp.ones((1024, 1024), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    t0, n = time.perf_counter(), 8
+    for _ in range(n):
+        f(a).block_until_ready()
+    return 2 * 1024**3 * n / (time.perf_counter() - t0)
+
+
+def device_peak_flops(cfg: Config) -> float:
+    """Per-device peak for MFU: `device_peak_flops` if set, else the table, else measured (CPU)."""
+    if cfg.device_peak_flops > 0:
+        return cfg.device_peak_flops
+    kind = jax.devices()[0].device_kind.lower()
+    for name, (bf16, fp32) in PEAK_FLOPS.items():
+        if name in kind:
+            return bf16 if cfg.precision == "bf16" else fp32
+    return measured_cpu_peak() / max(len(jax.devices()), 1) if jax.devices()[0].platform == "cpu" else math.nan
+
+
+def check_model_vs_mesh(mc: ModelConfig, cfg: Config) -> None:
+    """Divisibility that sharding needs (cfg.mesh already resolved); one-line errors naming values."""
+    mesh, tc = cfg.mesh, cfg.train
+    if mesh.tensor > 1:
+        for name, v in (("model.n_head", mc.n_head), ("model.n_embd", mc.n_embd),
+                        ("4*model.n_embd", 4 * mc.n_embd), ("model.vocab_size", mc.vocab_size)):
+            if v % mesh.tensor:
+                raise ConfigError(f"{name}={v} is not divisible by mesh.tensor={mesh.tensor}")
+    dp = mesh.data * mesh.fsdp
+    if tc.batch_size % (dp * tc.grad_accum):
+        raise ConfigError(f"train.batch_size={tc.batch_size} is not divisible by mesh.data×mesh.fsdp×"
+                          f"train.grad_accum={dp}×{tc.grad_accum}")
