@@ -1,8 +1,31 @@
-"""Mesh utilities (public API): build and validate the `(data, fsdp, tensor, pipe)` mesh.
+"""Mesh utilities (public API): build, validate and describe the `(data, fsdp, tensor, pipe)`
+mesh, emulate CPU devices, and join a multi-process job.
 
     from jaxpar.config import MeshConfig
-    from jaxpar.mesh import build_mesh
-    mesh = build_mesh(MeshConfig(data=2, fsdp=2, tensor=2))   # 8 devices
+    from jaxpar import mesh as M
+    m = M.build_mesh(MeshConfig(data=2, fsdp=2, tensor=2))      # exactly 8 devices, or ConfigError
+    print(M.describe(m))                                        # device grid with process ids
+    sh = M.logical_sharding(m, ("batch", "seq", "embed"), rules) # NamedSharding from logical names
+
+Design decisions (why, not what):
+
+* Canonical axis order `(data, fsdp, tensor, pipe)`: outermost = slowest links. With devices
+  ordered by process (as `jax.devices()` is), `data` spans hosts and `tensor` stays inside one,
+  which is what Megatron-style placement wants (TP traffic is per layer, DP once per step).
+* The product must equal the device count. `jax.make_mesh` silently takes the first N
+  devices when the product is smaller; we refuse, so `mesh.data=2` on an 8-GPU host is an
+  error rather than 6 idle GPUs. Library callers who *want* a subset pass `devices=`
+  explicitly (tests do: `build_mesh(mc, jax.devices()[:4])`).
+* Axis types are `AxisType.Auto` on every axis. This JAX's `jax.make_mesh` defaults to
+  `Explicit`, which makes shardings part of array types and requires `out_sharding=` on
+  every op whose result sharding is ambiguous (e.g. contractions over a sharded dim). Our
+  model is parallelism-free and states shardings only through the rules tables (jit in/out
+  shardings + `with_sharding_constraint` on logical names), so the compiler's propagation
+  (Auto) is the right contract.
+* CPU device emulation (`--xla_force_host_platform_device_count`) must be set before JAX
+  initialises its backends; the CLI calls `emulate_devices_for(mesh_cfg)` before importing
+  anything that touches devices. Under a multi-process launch each process emulates its
+  share (mesh size / process count).
 """
 
 from __future__ import annotations
@@ -10,26 +33,40 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 
 from jaxpar.config import ConfigError, MeshConfig
 
 AXES = ("data", "fsdp", "tensor", "pipe")  # canonical order: outermost (slowest links) first
 
 
+# ----------------------------------------------------------------------------- sizes
+
+
+def _shown(sizes: dict) -> str:
+    return "×".join(f"{k}={v}" for k, v in sizes.items())
+
+
 def resolve_mesh_config(mc: MeshConfig, n_devices: int) -> MeshConfig:
-    """Fill the one -1 axis so the product equals `n_devices`; check the product."""
+    """Fill the one -1 axis so the product equals `n_devices`; check the product.
+
+    Raises a one-line ConfigError naming the sizes and the device count."""
     sizes = dataclasses.asdict(mc)
+    bad = {k: v for k, v in sizes.items() if v == 0 or v < -1}
+    if bad:
+        raise ConfigError(f"mesh sizes must be positive or -1 (got {_shown(bad)})")
     fixed = math.prod(v for v in sizes.values() if v != -1)
     wild = [k for k, v in sizes.items() if v == -1]
     if len(wild) > 1:
-        raise ConfigError(f"at most one mesh axis may be -1 (got {sizes})")
+        raise ConfigError(f"at most one mesh axis may be -1 (got mesh {_shown(sizes)})")
     if wild:
         if n_devices % fixed:
-            raise ConfigError(f"mesh {sizes}: {n_devices} devices are not divisible by the fixed axes' product {fixed}")
+            raise ConfigError(f"mesh {_shown(sizes)}: {n_devices} devices are not divisible by the product "
+                              f"of the other axes ({fixed})")
         sizes[wild[0]] = n_devices // fixed
     elif fixed != n_devices:
-        shown = "×".join(f"{k}={v}" for k, v in sizes.items())
-        raise ConfigError(f"mesh {shown} has {fixed} devices but {n_devices} are available")
+        raise ConfigError(f"mesh {_shown(sizes)} needs {fixed} devices but {n_devices} are available "
+                          f"(the product of mesh sizes must equal the device count)")
     return MeshConfig(**sizes)
 
 
@@ -38,19 +75,52 @@ def mesh_size(mc: MeshConfig) -> int:
     return math.prod(max(v, 1) for v in dataclasses.asdict(mc).values())
 
 
+def mesh_shape(mesh) -> dict[str, int]:
+    """{'data': 2, 'fsdp': 2, 'tensor': 2, 'pipe': 1} for a built mesh."""
+    return dict(mesh.shape)
+
+
+# ----------------------------------------------------------------------------- CPU emulation
+
+
 def emulate_host_devices(n: int) -> None:
-    """Ask XLA for `n` CPU devices. Must run before JAX initialises its backends."""
+    """Ask XLA for `n` CPU devices. Must run before JAX initialises its backends (no effect
+    afterwards). GPU/TPU backends ignore this flag."""
     flags = os.environ.get("XLA_FLAGS", "")
     flags = " ".join(f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count"))
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
 
 
-def build_mesh(mc: MeshConfig, devices=None):
-    """A `jax.sharding.Mesh` with axes (data, fsdp, tensor, pipe) over all `devices`.
+def emulate_devices_for(mc: MeshConfig, env=None) -> int:
+    """Emulate as many CPU devices per process as `mc` needs (mesh size / process count).
 
-    Unlike `jax.make_mesh`, a product smaller than the device count is an error, not a
-    silent subset. Axis types are Explicit-free (`Auto`): shardings come from our rules
-    via jit in/out shardings and `with_sharding_constraint`.
+    Keeps a user's own `--xla_force_host_platform_device_count` when the mesh has a -1 axis
+    (the wildcard then fills whatever was asked for). Returns the per-process count set (0: none).
+    """
+    env = os.environ if env is None else env
+    nprocs = cluster_size(env)
+    n = mesh_size(mc)
+    has_wild = any(v == -1 for v in dataclasses.asdict(mc).values())
+    if has_wild and "xla_force_host_platform_device_count" in env.get("XLA_FLAGS", ""):
+        return 0
+    if n % nprocs:
+        raise ConfigError(f"mesh {_shown(dataclasses.asdict(mc))} ({n} devices) cannot be split evenly over "
+                          f"{nprocs} processes")
+    per = n // nprocs
+    if per > 1 or "xla_force_host_platform_device_count" in env.get("XLA_FLAGS", ""):
+        emulate_host_devices(per)
+        return per
+    return 0
+
+
+# ----------------------------------------------------------------------------- build / describe
+
+
+def build_mesh(mc: MeshConfig, devices=None):
+    """A `jax.sharding.Mesh` with axes (data, fsdp, tensor, pipe) and Auto axis types.
+
+    `devices`: defaults to every device of every process (`jax.devices()`). The product of
+    the sizes (after filling one -1) must equal `len(devices)`, else ConfigError.
     """
     import jax
     from jax.sharding import AxisType
@@ -59,3 +129,171 @@ def build_mesh(mc: MeshConfig, devices=None):
     mc = resolve_mesh_config(mc, len(devices))
     shape = tuple(getattr(mc, a) for a in AXES)
     return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
+
+
+def describe(mesh) -> str:
+    """Human-readable mesh: sizes, axis types, devices and processes, and the device grid.
+
+    The grid has one row per (data, fsdp) coordinate and one column per (tensor, pipe)
+    coordinate; each cell is `<device id>@p<process index>`.
+    """
+    import jax
+
+    import numpy as np
+
+    shape = dict(mesh.shape)
+    devs = mesh.devices  # ndarray shaped like the mesh, axes in AXES order
+    n = devs.size
+    procs = sorted({d.process_index for d in devs.flat})
+    kinds = sorted({f"{d.platform}:{d.device_kind}" for d in devs.flat})
+    types = sorted({str(t).split(".")[-1] for t in getattr(mesh, "axis_types", ())}) or ["?"]
+    lines = [
+        f"mesh: {_shown(shape)} = {n} devices, axis types {'/'.join(types)}",
+        f"devices: {jax.device_count()} global ({jax.local_device_count()} local, {', '.join(kinds)}); "
+        f"processes: {jax.process_count()} (this is process {jax.process_index()}); mesh spans {len(procs)}",
+    ]
+    rows_axes = [a for a in mesh.axis_names if a in ("data", "fsdp")]
+    cols_axes = [a for a in mesh.axis_names if a not in rows_axes]
+    grid = np.asarray(devs).reshape(math.prod(shape[a] for a in rows_axes), math.prod(shape[a] for a in cols_axes))
+    cells = [[f"{d.id}@p{d.process_index}" for d in row] for row in grid]
+    w = max(len(c) for row in cells for c in row)
+    lines.append(f"grid: rows ({','.join(rows_axes)}) × columns ({','.join(cols_axes)}); cell = device@process")
+    for idx, row in zip(np.ndindex(*[shape[a] for a in rows_axes]), cells):
+        label = ",".join(f"{a}={i}" for a, i in zip(rows_axes, idx))
+        lines.append(f"  [{label}]  " + " ".join(c.rjust(w) for c in row))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- logical shardings
+
+
+def logical_sharding(mesh, names, rules):
+    """NamedSharding for a tensor whose dims carry logical `names` (None = unsharded)."""
+    from jax.sharding import NamedSharding
+
+    from jaxpar.logical import spec_for
+
+    return NamedSharding(mesh, spec_for(names, rules))
+
+
+def logical_shardings(mesh, axes_tree, rules):
+    """Tree of logical-axes tuples (e.g. `gpt2.param_axes()`) -> tree of NamedSharding."""
+    import jax
+
+    return jax.tree.map(lambda a: logical_sharding(mesh, a, rules), axes_tree, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def shard_tree(tree, mesh, axes_tree, rules):
+    """Place a (numpy or jax) tree on `mesh` by logical axes: `device_put` with the resolved shardings."""
+    import jax
+
+    return jax.device_put(tree, logical_shardings(mesh, axes_tree, rules))
+
+
+# ----------------------------------------------------------------------------- multi-process
+
+# Environment a launcher sets (jaxpar launch sets the JAXPAR_* ones).
+ENV_COORDINATOR = "JAXPAR_COORDINATOR"  # host:port of process 0's coordination service
+ENV_NUM_PROCESSES = "JAXPAR_NUM_PROCESSES"
+ENV_PROCESS_ID = "JAXPAR_PROCESS_ID"
+ENV_LOCAL_DEVICES = "JAXPAR_LOCAL_DEVICE_IDS"  # comma-separated, optional
+ENV_INIT_TIMEOUT = "JAXPAR_INIT_TIMEOUT"  # seconds to wait for all processes to join (default 120)
+ENV_HEARTBEAT_TIMEOUT = "JAXPAR_HEARTBEAT_TIMEOUT"  # seconds before a silent peer is declared dead (default 30)
+
+
+def detect_cluster(env=None) -> dict | None:
+    """Which launcher started us, from the environment; None for a plain single process.
+
+    Returns {"method", "num_processes", "process_id"} where method is one of
+    `jaxpar` (jaxpar launch / explicit JAXPAR_* variables), `slurm` (srun), `ompi`
+    (Open MPI's mpirun), `mpi4py` (any other MPI, e.g. the mpich wheel's mpiexec, via PMI_*).
+    """
+    env = os.environ if env is None else env
+
+    def _int(k):
+        try:
+            return int(env[k])
+        except (KeyError, ValueError):
+            return None
+
+    if env.get(ENV_COORDINATOR) and _int(ENV_NUM_PROCESSES):
+        return {"method": "jaxpar", "num_processes": _int(ENV_NUM_PROCESSES), "process_id": _int(ENV_PROCESS_ID)}
+    if (_int("SLURM_NTASKS") or 1) > 1 and env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_NODELIST"):
+        return {"method": "slurm", "num_processes": _int("SLURM_NTASKS"), "process_id": _int("SLURM_PROCID")}
+    if (_int("OMPI_COMM_WORLD_SIZE") or 1) > 1:
+        return {"method": "ompi", "num_processes": _int("OMPI_COMM_WORLD_SIZE"),
+                "process_id": _int("OMPI_COMM_WORLD_RANK")}
+    if (_int("PMI_SIZE") or 1) > 1:  # MPICH / Hydra (and Intel MPI)
+        return {"method": "mpi4py", "num_processes": _int("PMI_SIZE"), "process_id": _int("PMI_RANK")}
+    return None
+
+
+def cluster_size(env=None) -> int:
+    """Number of processes the launcher started (1 when not launched)."""
+    c = detect_cluster(env)
+    return c["num_processes"] if c else 1
+
+
+def _use_cpu_collectives() -> None:
+    """Cross-process collectives on the CPU backend go through gloo (the default, none, fails)."""
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+
+def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None, local_device_ids=None, method: str = "auto",
+                           timeout_s: int | None = None, heartbeat_timeout_s: int | None = None) -> dict:
+    """Join a multi-process JAX job (wraps `jax.distributed.initialize`).
+
+    method: `auto` (detect from the environment, see `detect_cluster`), `jaxpar`, `slurm`,
+    `ompi`, `mpi4py`, or `explicit` (use the arguments only). Explicit arguments override
+    what is detected. `timeout_s` bounds the wait for every process to join; `heartbeat_timeout_s`
+    bounds how long the survivors wait on a process that died (they then exit with an error).
+    Returns the settings used.
+    """
+    import jax
+
+    env = os.environ
+    det = detect_cluster(env) if method == "auto" else {"method": method}
+    if det is None:
+        det = {"method": "explicit"}
+    m = det["method"]
+    kw: dict = {}
+    if m == "jaxpar":
+        kw = {"coordinator_address": env[ENV_COORDINATOR], "num_processes": int(env[ENV_NUM_PROCESSES]),
+              "process_id": int(env[ENV_PROCESS_ID])}
+        if env.get(ENV_LOCAL_DEVICES):
+            kw["local_device_ids"] = [int(x) for x in env[ENV_LOCAL_DEVICES].split(",")]
+    elif m == "mpi4py":
+        kw = {"cluster_detection_method": "mpi4py"}
+    # slurm / ompi: jax's own cluster detection reads SLURM_* / OMPI_* itself.
+    for k, v in (("coordinator_address", coordinator_address), ("num_processes", num_processes),
+                 ("process_id", process_id), ("local_device_ids", local_device_ids)):
+        if v is not None:
+            kw[k] = v
+    if kw.get("coordinator_address"):
+        kw.pop("cluster_detection_method", None)
+    kw["initialization_timeout"] = int(timeout_s if timeout_s is not None else env.get(ENV_INIT_TIMEOUT, 120))
+    kw["heartbeat_timeout_seconds"] = int(heartbeat_timeout_s if heartbeat_timeout_s is not None
+                                          else env.get(ENV_HEARTBEAT_TIMEOUT, 30))
+    _use_cpu_collectives()
+    jax.distributed.initialize(**kw)
+    return {"method": m, **{k: v for k, v in kw.items()}}
+
+
+def maybe_initialize_distributed() -> dict | None:
+    """Initialise when a launcher (jaxpar launch, mpiexec, srun) started several processes;
+    a no-op for a plain single process. Called by the CLI before JAX touches devices."""
+    import jax
+
+    if detect_cluster() is None:
+        return None
+    if jax.distributed.is_initialized():
+        return None
+    try:
+        return initialize_distributed()
+    except Exception as e:  # e.g. a peer never started: a bounded, one-line failure
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"error: could not join the multi-process job ({msg})", file=sys.stderr)
+        raise SystemExit(3) from None
