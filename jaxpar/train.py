@@ -91,13 +91,15 @@ class Trainer:
 
     def put_batch(self, x: np.ndarray) -> jax.Array:
         """A global (B, T) batch from this process's rows (the whole batch when single-process)."""
-        if jax.process_count() == 1:
-            return jax.device_put(x, self.batch_sharding)
-        return jax.make_array_from_callback(x.shape, self.batch_sharding, lambda idx: x[idx])
+        return shd.put_global_batch(x, self.batch_sharding)
 
 
 def make_loss_fn(cfg: Config, mesh) -> Callable:
     """(params, inputs (B,T), targets (B,T), key|None) -> mean fp32 loss, with activation rules on."""
+    if mesh.shape.get("pipe", 1) > 1:  # blocks pipelined over `pipe`: jaxpar.parallel.pipeline
+        from jaxpar.parallel.pipeline import make_pipeline_loss_fn
+
+        return make_pipeline_loss_fn(cfg, mesh)
     policy, mc = get_policy(cfg.precision), cfg.model
     rules = shd.activation_rules(cfg.mesh)
 
@@ -113,7 +115,12 @@ def build_trainer(cfg: Config, mesh=None) -> Trainer:
     mesh = build_mesh(cfg.mesh) if mesh is None else mesh
     tc = cfg.train
     tx = make_optimizer(tc)
-    param_specs = shd.param_specs(gpt2.param_axes(cfg.model), shd.param_rules(cfg.mesh))
+    rules = shd.param_rules(cfg.mesh)
+    if mesh.shape.get("pipe", 1) > 1:  # stacked `layers` dim over `pipe` (stage ownership)
+        from jaxpar.parallel.pipeline import pipe_param_rules
+
+        rules = {**rules, **pipe_param_rules(cfg.model, mesh)}
+    param_specs = shd.param_specs(gpt2.param_axes(cfg.model), rules)
     abstract = gpt2.abstract_params(cfg.model)
     opt_specs = optax.tree_map_params(tx, lambda _, s: s, jax.eval_shape(tx.init, abstract), param_specs,
                                       transform_non_params=lambda _: PartitionSpec(),
@@ -210,12 +217,20 @@ def device_peak_flops(cfg: Config) -> float:
 def check_model_vs_mesh(mc: ModelConfig, cfg: Config) -> None:
     """Divisibility that sharding needs (cfg.mesh already resolved); one-line errors naming values."""
     mesh, tc = cfg.mesh, cfg.train
+    if mesh.pipe > 1:  # stages vs layers, layers_per_stage, microbatches, repeats (+ M < S warning)
+        from jaxpar.parallel.pipeline import check_pipeline
+
+        check_pipeline(cfg)
     if mesh.tensor > 1:
         for name, v in (("model.n_head", mc.n_head), ("model.n_embd", mc.n_embd),
                         ("4*model.n_embd", 4 * mc.n_embd), ("model.vocab_size", mc.vocab_size)):
             if v % mesh.tensor:
                 raise ConfigError(f"{name}={v} is not divisible by mesh.tensor={mesh.tensor}")
+    if mesh.fsdp > 1 and mc.n_embd % mesh.fsdp:
+        raise ConfigError(f"model.n_embd={mc.n_embd} is not divisible by mesh.fsdp={mesh.fsdp}")
     dp = mesh.data * mesh.fsdp
-    if tc.batch_size % (dp * tc.grad_accum):
-        raise ConfigError(f"train.batch_size={tc.batch_size} is not divisible by mesh.data×mesh.fsdp×"
-                          f"train.grad_accum={dp}×{tc.grad_accum}")
+    mb = cfg.pipeline.microbatches if mesh.pipe > 1 else 1
+    if tc.batch_size % (dp * tc.grad_accum * mb):
+        what = "mesh.data×mesh.fsdp×train.grad_accum" + ("×pipeline.microbatches" if mb > 1 else "")
+        vals = f"{mesh.data}×{mesh.fsdp}×{tc.grad_accum}" + (f"×{mb}" if mb > 1 else "")
+        raise ConfigError(f"train.batch_size={tc.batch_size} is not divisible by {what}={vals}")
