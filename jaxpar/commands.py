@@ -35,11 +35,9 @@ def _parse(argv: list[str], extra: tuple[str, ...] = (), base: C.Config | None =
 def _emulate_devices_for(cfg: C.Config) -> None:
     """On CPU, give XLA as many host devices as the mesh asks for (no-op for GPUs/TPUs,
     which ignore this flag). Must happen before JAX initialises."""
-    from jaxpar.mesh import emulate_host_devices, mesh_size
+    from jaxpar.mesh import emulate_devices_for
 
-    n = mesh_size(cfg.mesh)
-    if n > 1 and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        emulate_host_devices(n)
+    emulate_devices_for(cfg.mesh)  # mesh size / process count per process (jaxpar launch, mpiexec)
 
 
 def _maybe_distributed() -> None:
