@@ -1,0 +1,164 @@
+"""`jaxpar plan [key=value ...] [--json]`: search the parallel plan space, print, write plan.json.
+
+Keys: model=<preset>, model.<field>, train.batch_size, train.seq_len, precision=bf16|fp32,
+devices=N, device=<cpu|a100-40g|a100-80g|h100|h200>, device.<field>=<value> (peak_flops,
+peak_flops_fp32, memory, bandwidth, inter_bandwidth, latency, node_size, efficiency, overlap),
+memory_limit=16GB (default: the device's memory), out=plan.json (file or dir/),
+sweep=8,16,...,1024 (PNG of predicted throughput and MFU vs devices), top=N rows,
+space=full|train (train: only what `jaxpar train` applies today), attention=naive|flash.
+Exit 0 on success, 2 with one line `error: ...` on stderr for invalid input or when no plan fits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from jaxpar.config import Config, ConfigError, apply_overrides, parse_kv, validate
+from jaxpar.planner.cost import Workload
+from jaxpar.planner.devices import parse_bytes
+from jaxpar.planner.plan import fmt_bytes, plan_for, save_plan
+from jaxpar.planner.search import TRAIN_SUPPORTED, SearchSpace
+
+USAGE = "usage: jaxpar plan [model=<preset>] [devices=N] [device=h100] [train.batch_size=B] ... [--json]"
+CONFIG_KEYS = ("model", "train.batch_size", "train.seq_len", "precision")
+PLAN_KEYS = ("devices", "device", "memory_limit", "out", "sweep", "top", "space", "attention")
+
+
+def _int(raw: str, key: str, lo: int = 1) -> int:
+    try:
+        v = int(raw)
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r} is not an integer") from None
+    if v < lo:
+        raise ConfigError(f"{key}={v} must be >= {lo}")
+    return v
+
+
+def parse_args(argv: list[str]) -> dict:
+    """argv (without the word 'plan') -> settings dict; ConfigError on anything invalid."""
+    flags = [a for a in argv if a.startswith("--")]
+    for fl in flags:
+        if fl not in ("--json",):
+            raise ConfigError(f"unknown flag {fl!r} (valid: --json)")
+    kv = parse_kv([a for a in argv if not a.startswith("--")])
+    cfg_items, dev_over, opts = {}, {}, {}
+    for k, v in kv.items():
+        if k in CONFIG_KEYS or k.startswith("model."):
+            cfg_items[k] = v
+        elif k.startswith("device."):
+            dev_over[k[len("device."):]] = v
+        elif k in PLAN_KEYS:
+            opts[k] = v
+        else:
+            raise ConfigError(f"unknown key {k!r} (valid: model, model.*, {', '.join(CONFIG_KEYS[1:])}, "
+                              f"device.*, {', '.join(PLAN_KEYS)})")
+    cfg = validate(apply_overrides(Config(), cfg_items))
+    space = opts.get("space", "full")
+    if space not in ("full", "train"):
+        raise ConfigError(f"space={space!r} must be full or train")
+    attention = opts.get("attention", "naive")
+    if attention not in ("naive", "flash"):
+        raise ConfigError(f"attention={attention!r} must be naive or flash")
+    sweep = []
+    if opts.get("sweep"):
+        sweep = [_int(x, "sweep") for x in opts["sweep"].replace(" ", "").split(",") if x]
+    return {
+        "cfg": cfg,
+        "json": "--json" in flags,
+        "devices": _int(opts.get("devices", "8"), "devices"),
+        "device": opts.get("device", "h100"),
+        "device_overrides": dev_over,
+        "memory_limit": parse_bytes(opts["memory_limit"]) if "memory_limit" in opts else None,
+        "out": opts.get("out", "plan.json"),
+        "sweep": sweep,
+        "top": _int(opts.get("top", "5"), "top"),
+        "space": TRAIN_SUPPORTED if space == "train" else SearchSpace(),
+        "attention": attention,
+    }
+
+
+def _mesh_str(m: dict) -> str:
+    return "×".join(str(m[k]) for k in ("data", "fsdp", "tensor", "pipe"))
+
+
+def print_table(rows: list[dict], title: str) -> None:
+    """Top candidates, one row each (rich when stdout is a terminal, plain text otherwise)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    tab = Table(title=title, title_justify="left")
+    for col in ("#", "mesh d×f×t×p", "params (embed/attn/mlp)", "M", "R", "remat", "split v/mlp",
+                "memory", "step s", "MFU", "bubble"):
+        tab.add_column(col, justify="right" if col not in ("mesh d×f×t×p", "params (embed/attn/mlp)") else "left")
+    for i, r in enumerate(rows):
+        osdp = "/".join("Z3" if r["osdp"][g] == "sharded" else "rep" for g in ("embed", "attn", "mlp"))
+        tab.add_row(str(i + 1), _mesh_str(r["mesh"]), osdp, str(r["microbatches"]), str(r["repeats"]), r["remat"],
+                    f"{r['vocab_chunks']}/{r['mlp_chunks']}", fmt_bytes(r["memory_per_device_bytes"]),
+                    f"{r['step_time_s']:.4g}", f"{100 * r['mfu']:.1f}%", f"{100 * r['bubble']:.1f}%")
+    Console(width=160).print(tab)
+
+
+def run(opts: dict) -> int:
+    cfg = opts["cfg"]
+    w = Workload(cfg.model, cfg.train.batch_size, cfg.train.seq_len, cfg.precision, opts["attention"])
+    plan, res = plan_for(w, opts["devices"], opts["device"], opts["memory_limit"], opts["device_overrides"],
+                         opts["space"], top_k=max(opts["top"], 2))
+    sweep_points = []
+    for n in opts["sweep"]:
+        try:
+            p, _ = plan_for(w, n, opts["device"], opts["memory_limit"], opts["device_overrides"], opts["space"], 2)
+        except ConfigError as e:  # some counts may not fit or not divide the batch: leave a gap
+            sweep_points.append({"devices": n, "error": str(e)})
+            continue
+        sweep_points.append({"devices": n, "mesh": p.mesh, "tokens_per_s": p.data["tokens_per_s"],
+                             "mfu": p.data["mfu"], "step_time_s": p.data["step_time_s"]})
+    if sweep_points:
+        from jaxpar.planner.plot import plot_sweep
+
+        ok = [p for p in sweep_points if "error" not in p]
+        png = os.path.join(os.path.dirname(opts["out"]) if not opts["out"].endswith(os.sep) else opts["out"],
+                           "plan_sweep.png")
+        os.makedirs(os.path.dirname(png) or ".", exist_ok=True)
+        plot_sweep(ok, png, f"{cfg.model_name} B={w.batch_size} T={w.seq_len} on {opts['device']}")
+        plan.data["sweep"] = sweep_points
+        plan.data["sweep_png"] = png
+    path = save_plan(plan, opts["out"])
+    if opts["json"]:
+        print(json.dumps(plan.data))
+        return 0
+    rows = [plan.data] + plan.data["candidates"]
+    print_table(rows[: opts["top"]], f"{cfg.model_name} · devices={opts['devices']} × {opts['device']} · "
+                                     f"B={w.batch_size} T={w.seq_len} {w.precision} · memory limit "
+                                     f"{fmt_bytes(plan.data['memory_limit_bytes'])}")
+    b = plan.data
+    print(f"chosen: mesh {_mesh_str(b['mesh'])} (data×fsdp×tensor×pipe), {b['tokens_per_s']:.4g} tokens/s, "
+          f"MFU {100 * b['mfu']:.1f}%, {fmt_bytes(b['memory_per_device_bytes'])}/device")
+    print(f"searched {res.evaluated} strategies over {res.meshes} meshes in {res.seconds:.2f} s; wrote {path}")
+    for p in sweep_points:
+        if "error" in p:
+            print(f"sweep devices={p['devices']}: {p['error']}")
+        else:
+            print(f"sweep devices={p['devices']}: mesh {_mesh_str(p['mesh'])} {p['tokens_per_s']:.4g} tokens/s "
+                  f"MFU {100 * p['mfu']:.1f}%")
+    if sweep_points:
+        print(f"wrote {plan.data['sweep_png']}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """Entry point for `jaxpar plan`; argv excludes the word 'plan'. Returns the exit code."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        print(__doc__)
+        return 0
+    try:
+        return run(parse_args(argv))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # python -m jaxpar.planner.cli ...
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,312 @@
+"""Analytic cost model of one jaxpar training step: memory, compute, communication.
+
+Symbols: B global batch (sequences), T seq_len, D n_embd, N n_head, L n_layer, V vocab,
+P n_positions; mesh d·f·t·p (data, fsdp, tensor, pipe); M microbatches (grad-accum steps
+when p == 1, pipeline microbatches when p > 1); R circular repeats; b = B/(d·f·M) rows
+per device per microbatch; cb = bytes of the compute dtype (2 bf16, 4 fp32).
+Every formula below is per device. See README.md in this folder for the derivations.
+
+Parameters (sharding.py rules): `embed` dims over fsdp, `heads`/`mlp`/`vocab` over tensor,
+layers over pipe. Three OSDP groups can each be sharded (ZeRO-3 over fsdp) or replicated:
+  embed: wte (V·D, /t /f), wpe (P·D, /f), ln_f (2D, /f)
+  attn : per layer ln_1 (2D, /f), c_attn W (3D², /t /f) b (3D, /t), c_proj W (D², /t /f) b (D, /f)
+  mlp  : per layer ln_2 (2D, /f), c_fc W (4D², /t /f) b (4D, /t), c_proj W (4D², /t /f) b (D, /f)
+State bytes per element: fp32 master 4 + fp32 grad 4 + Adam m, v 8 = 16 (+4 for the grad
+accumulator when M > 1).
+
+Activations saved per layer per microbatch (Korthikanti et al. 2022, eq. 2, no dropout masks,
+no sequence parallelism):  T·b·D·cb·(4 + 12/t)   [x, ln_1 out, residual, ln_2 out replicated;
+q, k, v, attn out, fc out, gelu out split over t]  +  N·T²·b/t·(4 + cb)  [fp32 softmax probs and
+their compute-dtype copy; cb is dropped in fp32]. Flash attention replaces the T² term by the
+fp32 log-sum-exp N·T·b/t·4. remat=selective drops the T² term (recomputed); remat=full keeps only
+the block input T·b·D·cb; mlp_chunks > 1 drops the 8/t MLP part (recomputed chunk by chunk).
+Pipelines (p > 1) rematerialise each pipeline iteration: saved = (R·M+S-1) stage inputs
+T·b·D·cb, plus one iteration's activations while it is recomputed.
+
+Compute: FLOPs / (peak × eff), eff = efficiency × r/(r+256) × c/(c+128) with r = T·b rows and
+c = D/t the narrowest matmul dim (small matmuls run below peak). Forward FLOPs per layer per
+microbatch: 24·T·b·D²/t + 4·T²·b·D/t; head 2·T·b·D·V/t; training = 3× forward, plus one
+forward per recompute.
+
+Communication, alpha-beta per collective over n devices with payload X bytes:
+  all-reduce (ring)        2(n-1)·α + 2(n-1)/n · X / bw
+  all-gather / red-scatter  (n-1)·α +  (n-1)/n · X / bw
+  ppermute                      α +           X / bw
+bw is intra-node when the axis spans <= node_size devices (mesh order data, fsdp, tensor,
+pipe; pipe innermost), else inter-node. Tensor and pipeline transfers sit on the critical
+path; DP/FSDP collectives are hidden behind compute by the device's `overlap` fraction.
+Pipeline bubble: (S-1)/(R·M+S-1).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+from jaxpar.config import ModelConfig
+from jaxpar.parallel.partition import partition_layers
+from jaxpar.planner.devices import DeviceSpec
+
+GROUPS = ("embed", "attn", "mlp")
+REMAT = ("none", "selective", "full")
+STATE_BYTES = 16  # fp32 master 4 + grad 4 + Adam m 4 + v 4
+
+
+def flops_per_token(m: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token, 6N + 12·L·D·T (PaLM appendix B; N without wpe). Same formula as
+    jaxpar.models.gpt2.flops_per_token, repeated here so planning does not import JAX (≈3 s)."""
+    n = m.num_params() - m.n_positions * m.n_embd
+    return 6.0 * n + 12.0 * m.n_layer * m.n_head * m.head_dim * seq_len
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What to train: model shape, global batch, sequence length, precision."""
+
+    model: ModelConfig
+    batch_size: int
+    seq_len: int
+    precision: str = "bf16"
+    attention: str = "naive"  # naive (jaxpar's GPT-2: full T×T scores) | flash
+
+    @property
+    def cb(self) -> int:
+        return 2 if self.precision == "bf16" else 4
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One point of the search space."""
+
+    data: int = 1
+    fsdp: int = 1
+    tensor: int = 1
+    pipe: int = 1
+    microbatches: int = 1  # grad accumulation (pipe == 1) or pipeline microbatches
+    repeats: int = 1  # circular schedule: chunks per device
+    remat: str = "none"  # none | selective | full
+    replicated: tuple[str, ...] = ()  # OSDP groups kept replicated over fsdp (others ZeRO-3)
+    vocab_chunks: int = 1  # chunked logits + cross-entropy (token chunks, recomputed in backward)
+    mlp_chunks: int = 1  # chunked MLP (sequence chunks, fc/gelu recomputed in backward)
+
+    @property
+    def mesh(self) -> dict[str, int]:
+        return {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor, "pipe": self.pipe}
+
+    @property
+    def n_devices(self) -> int:
+        return self.data * self.fsdp * self.tensor * self.pipe
+
+
+@dataclass
+class Estimate:
+    """Predicted per-device figures for one (workload, strategy, device)."""
+
+    strategy: Strategy
+    memory: dict[str, float]  # params, grads, optimizer, activations, temporaries, total (bytes)
+    step_time_s: float
+    compute_s: float
+    comm_s: dict[str, float]  # tensor, fsdp, data, pipe (exposed seconds)
+    comm_bytes: dict[str, float]  # per collective kind: all-reduce, all-gather, reduce-scatter, ppermute
+    bubble: float
+    mfu: float
+    tokens_per_s: float
+    layers_per_stage: tuple[int, ...] = ()
+    fits: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def memory_per_device_bytes(self) -> float:
+        return self.memory["total"]
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_elems(m: ModelConfig, t: int, fe: int, fa: int, fm: int) -> dict[str, float]:
+    D, V, P = m.n_embd, m.vocab_size, m.n_positions
+    return {
+        "embed": V * D / (t * fe) + P * D / fe + 2 * D / fe,
+        "attn": 2 * D / fa + 3 * D * D / (t * fa) + 3 * D / t + D * D / (t * fa) + D / fa,
+        "mlp": 2 * D / fm + 4 * D * D / (t * fm) + 4 * D / t + 4 * D * D / (t * fm) + D / fm,
+    }
+
+
+def group_elems(m: ModelConfig, t: int, f: int, sharded: dict[str, bool]) -> dict[str, float]:
+    """Parameter elements per device of each OSDP group; attn/mlp are per layer."""
+    return _group_elems(m, t, *(f if sharded[g] else 1 for g in GROUPS))
+
+
+def _full_elems(m: ModelConfig, t: int) -> dict[str, float]:
+    return group_elems(m, t, 1, {g: False for g in GROUPS})
+
+
+# ----------------------------------------------------------------------------- collectives
+
+
+def all_reduce(n: int, x: float, alpha: float, bw: float) -> tuple[float, float]:
+    """Ring all-reduce of x bytes over n devices -> (seconds, bytes sent per device)."""
+    if n <= 1:
+        return 0.0, 0.0
+    b = 2 * (n - 1) / n * x
+    return 2 * (n - 1) * alpha + b / bw, b
+
+
+def all_gather(n: int, x: float, alpha: float, bw: float) -> tuple[float, float]:
+    """Ring all-gather (or reduce-scatter) whose full result is x bytes."""
+    if n <= 1:
+        return 0.0, 0.0
+    b = (n - 1) / n * x
+    return (n - 1) * alpha + b / bw, b
+
+
+def ppermute(x: float, alpha: float, bw: float) -> tuple[float, float]:
+    return alpha + x / bw, x
+
+
+def axis_bandwidths(dev: DeviceSpec, s: Strategy) -> dict[str, float]:
+    """Intra-node bandwidth for an axis whose devices sit in one node, else inter-node.
+    Devices fill the mesh (data, fsdp, tensor, pipe) with pipe innermost, so the span of
+    an axis is its size times the sizes of the axes to its right."""
+    spans = {"pipe": s.pipe, "tensor": s.pipe * s.tensor, "fsdp": s.pipe * s.tensor * s.fsdp,
+             "data": s.n_devices}
+    return {a: dev.bandwidth if n <= dev.node_size else dev.inter_bandwidth for a, n in spans.items()}
+
+
+# ----------------------------------------------------------------------------- activations
+
+
+def layer_activation_bytes(w: Workload, b: float, t: int, remat: str, mlp_chunks: int) -> tuple[float, float]:
+    """(saved bytes, full bytes) of one layer for one microbatch of b rows on one device.
+    `full` is what the layer holds live while it runs forward/backward (its recompute peak)."""
+    T, D, N, cb = w.seq_len, w.model.n_embd, w.model.n_head, w.cb
+    rep = T * b * D * cb * 4  # x, ln_1 out, residual, ln_2 out (replicated over t)
+    qkvo = T * b * D * cb * 4 / t  # q, k, v, attention output
+    mlp = T * b * D * cb * 8 / t  # fc out + gelu out (4D each)
+    if w.attention == "flash":
+        attn = N * T * b / t * 4
+    else:
+        attn = N * T * T * b / t * (4 + (cb if cb != 4 else 0))
+    full = rep + qkvo + mlp + attn
+    if remat == "full":
+        return T * b * D * cb, full
+    saved = rep + qkvo + (mlp if mlp_chunks == 1 else 0.0) + (attn if remat == "none" else 0.0)
+    return saved, full
+
+
+# ----------------------------------------------------------------------------- the estimate
+
+
+@functools.lru_cache(maxsize=4096)
+def _pipeline_split(n_layer: int, S: int, first: float, last: float) -> tuple[int, ...]:
+    return partition_layers([1.0] * n_layer, S, first, last)
+
+
+def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | None = None) -> Estimate:
+    """Predict memory, step time and MFU of strategy `s` (see the module docstring)."""
+    m = w.model
+    L, D, V, T, cb = m.n_layer, m.n_embd, m.vocab_size, w.seq_len, w.cb
+    d, f, t, S, M, R = s.data, s.fsdp, s.tensor, s.pipe, s.microbatches, s.repeats
+    alpha = dev.latency
+    sharded = {g: (f > 1 and g not in s.replicated) for g in GROUPS}
+    el = group_elems(m, t, f, sharded)
+    full = _full_elems(m, t)  # per-device elements before fsdp sharding
+    b = w.batch_size / (d * f * M)  # rows per device per microbatch
+
+    # --- FLOPs (per device, per microbatch): forward of one layer and of the head
+    fl_layer = 24 * T * b * D * D / t + 4 * T * T * b * D / t
+    fl_head = 2 * T * b * D * V / t
+    extra_fwd = (1.0 if s.remat == "full" else 0.0) + (1.0 if S > 1 else 0.0)
+    fl_layer_train = fl_layer * (3 + extra_fwd)
+    if s.remat == "selective":
+        fl_layer_train += 4 * T * T * b * D / t  # recompute scores + probs·V
+    if s.mlp_chunks > 1:
+        fl_layer_train += 8 * T * b * D * D / t  # recompute c_fc
+    fl_head_train = fl_head * (3 + (1 if s.vocab_chunks > 1 else 0))
+    peak = dev.peak_flops if w.precision == "bf16" else dev.peak_flops_fp32
+    rows, cols = T * b, D / t
+    eff = dev.efficiency * rows / (rows + 256) * cols / (cols + 128)
+    sec = 1.0 / (peak * eff)
+
+    # --- pipeline split: layers per stage (GPipe: DP partition with head/embed extras)
+    if S > 1:
+        if R == 1:
+            lps = _pipeline_split(L, S, 0.0, round(fl_head_train / fl_layer_train, 6))
+            iter_flops = max(max(lps[:-1]) * fl_layer_train, lps[-1] * fl_layer_train + fl_head_train)
+            layers_dev = max(lps)
+        else:  # circular: S·R equal chunks; device S-1 also runs the head on its last chunk
+            layers_dev = L // S
+            lps = tuple([L // (S * R)] * (S * R))
+            iter_flops = L // (S * R) * fl_layer_train + fl_head_train
+        iters = R * M + S - 1
+        compute = iters * iter_flops * sec
+        bubble = (S - 1) / iters
+    else:
+        lps, layers_dev, iters, bubble = (), L, M, 0.0
+        compute = M * (L * fl_layer_train + fl_head_train) * sec
+    chunk_layers = L // (S * R) if S > 1 and R > 1 else layers_dev
+
+    # --- memory (bytes)
+    layer_el = el["attn"] + el["mlp"]
+    n_el = el["embed"] + layers_dev * layer_el
+    mem = {"params": 4 * n_el, "grads": 4 * n_el * (2 if M > 1 else 1), "optimizer": 8 * n_el}
+    saved, live = layer_activation_bytes(w, b, t, s.remat, s.mlp_chunks)
+    if S > 1:
+        # stage inputs of every iteration, then one chunk re-run for one microbatch
+        acts = iters * T * b * D * cb + chunk_layers * saved + (live if s.remat == "full" else 0.0)
+    else:
+        acts = L * saved + (live if s.remat == "full" else 0.0)
+    head = 2 * T * b * V * 4 / t / s.vocab_chunks  # fp32 logits/log-probs + their gradient
+    gathered = 2 * (full["attn"] + full["mlp"]) * cb  # one layer's compute-dtype weights, double-buffered
+    grad_ws = 4 * max(full["attn"] + full["mlp"] if f > 1 else 0.0, 0.0)  # unsharded layer grads pre reduce-scatter
+    bwd_ws = live if s.remat != "full" else 0.0  # gradients of one layer's activations
+    if s.mlp_chunks > 1:
+        bwd_ws -= T * b * D * cb * 8 / t * (1 - 1 / s.mlp_chunks)
+    mem["activations"] = acts
+    mem["temporaries"] = head + gathered + grad_ws + bwd_ws
+    mem["total"] = sum(mem.values())
+
+    # --- communication: seconds on the critical path and bytes per collective kind
+    cbytes = {"all-reduce": 0.0, "all-gather": 0.0, "reduce-scatter": 0.0, "ppermute": 0.0}
+    comm = {"tensor": 0.0, "fsdp": 0.0, "data": 0.0, "pipe": 0.0}
+
+    def add(kind: str, axis: str, res: tuple[float, float], times: float = 1.0) -> None:
+        comm[axis] += res[0] * times
+        cbytes[kind] += res[1] * times
+
+    bws = axis_bandwidths(dev, s)
+    layers_run = iters * (chunk_layers if S > 1 else L)  # layer executions per step on this device
+    if t > 1:
+        bw = bws["tensor"]
+        n_ar = 4 + 2 * extra_fwd  # Megatron: 2 fwd + 2 bwd all-reduces per layer (+2 per re-forward)
+        add("all-reduce", "tensor", all_reduce(t, T * b * D * cb, alpha, bw), layers_run * n_ar + 2 * M)
+    if f > 1:
+        bw = bws["fsdp"]
+        for g in GROUPS:
+            if not sharded[g]:
+                continue
+            n = full[g] * (1 if g == "embed" else layers_dev)
+            # ZeRO-3 per microbatch: gather fp32 weights for forward and backward, scatter grads.
+            add("all-gather", "fsdp", all_gather(f, 4 * n, alpha, bw), 2 * M)
+            add("reduce-scatter", "fsdp", all_gather(f, 4 * n, alpha, bw), M)
+    # data-parallel gradient reduction: sharded groups over data, replicated ones over data·fsdp
+    reduce_times = M if S == 1 else 1  # train.py's accumulation scan reduces per microbatch
+    for g in GROUPS:
+        n = (full[g] if g == "embed" else full[g] * layers_dev)
+        if sharded[g]:
+            if d > 1:
+                add("all-reduce", "data", all_reduce(d, 4 * n / f, alpha, bws["data"]),
+                    reduce_times)
+        elif d * f > 1:
+            ax = "data" if d > 1 else "fsdp"
+            bw = min(bws["data"], bws["fsdp"])
+            add("all-reduce", ax, all_reduce(d * f, 4 * n, alpha, bw), reduce_times)
+    if S > 1:
+        bw = bws["pipe"]
+        add("ppermute", "pipe", ppermute(T * b * D * cb, alpha, bw), 2 * iters)
+        add("all-reduce", "pipe", all_reduce(S, 4 * el["embed"], alpha, bw))  # tied embedding grads
+
+    hidden = dev.overlap
+    step = compute + comm["tensor"] + comm["pipe"] + (1 - hidden) * (comm["fsdp"] + comm["data"])
+    model_flops = flops_per_token(m, T) * w.batch_size * T
+    mfu = model_flops / (step * s.n_devices * peak)
+    fits = memory_limit is None or mem["total"] <= memory_limit
+    return Estimate(s, mem, step, compute, comm, cbytes, bubble, mfu, w.batch_size * T / step, tuple(lps), fits)

@@ -1,0 +1,205 @@
+"""Plans as JSON, and plans -> `jaxpar train` config overrides.
+
+A plan file holds what it was made for (devices, device kind, model, batch, seq_len,
+precision), the chosen strategy with its predicted figures, and the runners-up:
+
+  {"version": 1, "devices": 64, "device": "h100", "model": {...}, "batch_size": 512, ...,
+   "mesh": {"data": 8, "fsdp": 8, "tensor": 1, "pipe": 1}, "memory_per_device_bytes": ...,
+   "step_time_s": ..., "mfu": ..., "strategy": {...}, "candidates": [{same fields}, ...]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from jaxpar.config import ConfigError, ModelConfig
+from jaxpar.planner.cost import GROUPS, Estimate, Strategy, Workload
+
+PLAN_VERSION = 1
+
+
+def summary(e: Estimate) -> dict[str, Any]:
+    """JSON-ready figures of one estimate (the fields `--json` promises, and more)."""
+    s = e.strategy
+    return {
+        "mesh": s.mesh,
+        "microbatches": s.microbatches,
+        "repeats": s.repeats,
+        "schedule": "circular" if s.repeats > 1 else "gpipe",
+        "layers_per_stage": list(e.layers_per_stage),
+        "remat": s.remat,
+        "osdp": {g: ("sharded" if s.fsdp > 1 and g not in s.replicated else "replicated") for g in GROUPS},
+        "vocab_chunks": s.vocab_chunks,
+        "mlp_chunks": s.mlp_chunks,
+        "memory_per_device_bytes": int(e.memory["total"]),
+        "memory_breakdown_bytes": {k: int(v) for k, v in e.memory.items() if k != "total"},
+        "step_time_s": e.step_time_s,
+        "compute_s": e.compute_s,
+        "comm_s": e.comm_s,
+        "comm_bytes": {k: int(v) for k, v in e.comm_bytes.items()},
+        "bubble": e.bubble,
+        "mfu": e.mfu,
+        "tokens_per_s": e.tokens_per_s,
+    }
+
+
+def strategy_from_summary(d: dict[str, Any]) -> Strategy:
+    mesh = d["mesh"]
+    rep = tuple(g for g in GROUPS if d.get("osdp", {}).get(g) == "replicated" and mesh["fsdp"] > 1)
+    return Strategy(mesh["data"], mesh["fsdp"], mesh["tensor"], mesh["pipe"], d["microbatches"], d["repeats"],
+                    d["remat"], rep, d.get("vocab_chunks", 1), d.get("mlp_chunks", 1))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A loaded or freshly made plan. `data` is the JSON object; the properties read it."""
+
+    data: dict[str, Any]
+
+    @property
+    def devices(self) -> int:
+        return int(self.data["devices"])
+
+    @property
+    def mesh(self) -> dict[str, int]:
+        return dict(self.data["mesh"])
+
+    @property
+    def strategy(self) -> Strategy:
+        return strategy_from_summary(self.data)
+
+    @property
+    def model(self) -> ModelConfig:
+        return ModelConfig(**self.data["model"])
+
+    def to_json(self) -> str:
+        return json.dumps(self.data, indent=2)
+
+
+def make_plan(w: Workload, device: str, n_devices: int, memory_limit: float, ranked: list[Estimate],
+              extra: dict[str, Any] | None = None) -> Plan:
+    """Plan object from search results (`ranked[0]` is the choice)."""
+    data: dict[str, Any] = {
+        "version": PLAN_VERSION,
+        "devices": n_devices,
+        "device": device,
+        "memory_limit_bytes": int(memory_limit),
+        "model": dataclasses.asdict(w.model),
+        "batch_size": w.batch_size,
+        "seq_len": w.seq_len,
+        "precision": w.precision,
+        "attention": w.attention,
+    }
+    data.update(summary(ranked[0]))
+    data["candidates"] = [summary(e) for e in ranked[1:]]
+    data.update(extra or {})
+    return Plan(data)
+
+
+def save_plan(plan: Plan, out: str) -> str:
+    """Write plan JSON to `out` (a file, or a directory -> out/plan.json). Returns the path."""
+    path = os.path.join(out, "plan.json") if out.endswith(os.sep) or os.path.isdir(out) else out
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as fh:
+        fh.write(plan.to_json() + "\n")
+    return path
+
+
+def load_plan(path: str) -> Plan:
+    """Read a plan.json; ConfigError (one line) when missing or malformed."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"plan={path!r} does not exist") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"plan={path!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    missing = [k for k in ("devices", "mesh", "microbatches", "repeats", "remat", "model") if k not in data]
+    if not isinstance(data, dict) or missing:
+        raise ConfigError(f"plan={path!r} is not a jaxpar plan (missing {', '.join(missing)})")
+    return Plan(data)
+
+
+def plan_to_overrides(plan: Plan, n_devices: int, cfg=None) -> dict[str, str]:
+    """Config overrides (dotted key -> string) that make `jaxpar train` run `plan`.
+
+    Refuses (ConfigError) a plan made for another device count, for another model / batch /
+    seq_len / precision than `cfg` (a jaxpar.config.Config, optional), or one that needs a
+    feature train cannot express yet (selective remat, op splitting, mixed per-group OSDP;
+    re-plan with `space=train`). A plan whose groups are all replicated over fsdp is the same
+    as plain data parallelism, so fsdp folds into data.
+    """
+    if plan.devices != n_devices:
+        raise ConfigError(f"plan was made for devices={plan.devices}, but {n_devices} devices are available "
+                          f"(re-run `jaxpar plan devices={n_devices}` or use plan=auto)")
+    d = plan.data
+    if cfg is not None:
+        want = {**{f"model.{k}": v for k, v in d["model"].items() if k in ("n_layer", "n_embd", "n_head",
+                                                                              "vocab_size", "n_positions")},
+                "train.batch_size": d["batch_size"], "train.seq_len": d["seq_len"], "precision": d["precision"]}
+        have = {**{f"model.{k}": getattr(cfg.model, k.split(".")[0]) for k in ("n_layer", "n_embd", "n_head",
+                                                                                 "vocab_size", "n_positions")},
+                "train.batch_size": cfg.train.batch_size, "train.seq_len": cfg.train.seq_len,
+                "precision": cfg.precision}
+        diff = [f"{k}={want[k]} (config has {have[k]})" for k in want if want[k] != have[k]]
+        if diff:
+            raise ConfigError(f"plan was made for {', '.join(diff)}")
+    s = plan.strategy
+    if s.remat == "selective" or s.vocab_chunks > 1 or s.mlp_chunks > 1:
+        raise ConfigError(f"plan uses remat={s.remat}, vocab_chunks={s.vocab_chunks}, mlp_chunks={s.mlp_chunks}; "
+                          f"jaxpar train supports remat=none|full without op splitting (re-plan with space=train)")
+    data, fsdp = s.data, s.fsdp
+    if fsdp > 1 and len(s.replicated) == len(GROUPS):
+        data, fsdp = data * fsdp, 1
+    elif s.replicated:
+        raise ConfigError(f"plan keeps {', '.join(s.replicated)} replicated over fsdp={fsdp}; jaxpar train shards "
+                          f"every group over fsdp (re-plan with space=train)")
+    out = {"mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": s.tensor, "mesh.pipe": s.pipe,
+           "train.remat": "true" if s.remat == "full" else "false"}
+    if s.pipe > 1:
+        out.update({"pipeline.microbatches": s.microbatches, "pipeline.repeats": s.repeats,
+                    "pipeline.schedule": "circular" if s.repeats > 1 else "gpipe", "train.grad_accum": 1})
+        if s.repeats == 1 and d.get("layers_per_stage"):
+            out["pipeline.layers_per_stage"] = "[" + ",".join(str(x) for x in d["layers_per_stage"]) + "]"
+    else:
+        out.update({"train.grad_accum": s.microbatches, "pipeline.microbatches": 1, "pipeline.repeats": 1})
+    return {k: str(v) for k, v in out.items()}
+
+
+def fmt_bytes(x: float) -> str:
+    return f"{x / 2**30:.2f} GiB"
+
+
+def plan_for(w: Workload, n_devices: int, device: str = "h100", memory_limit: float | None = None,
+             device_overrides: dict[str, str] | None = None, space=None, top_k: int = 8):
+    """Search and wrap the result in a Plan -> (plan, SearchResult).
+
+    Raises ConfigError naming the smallest per-device memory any plan needs when nothing fits
+    `memory_limit` (default: the device's memory)."""
+    from jaxpar.planner.devices import get_device
+    from jaxpar.planner.search import SearchSpace, search
+
+    dev = get_device(device, device_overrides)
+    limit = dev.memory if memory_limit is None else memory_limit
+    res = search(w, n_devices, dev, limit, space or SearchSpace(), top_k)
+    if res.meshes == 0:
+        raise ConfigError(f"devices={n_devices} has no mesh that divides train.batch_size={w.batch_size} "
+                          f"and the model's dims (model.n_embd={w.model.n_embd}, model.n_head={w.model.n_head})")
+    if not res.ranked:
+        raise ConfigError(f"no plan fits memory_limit={fmt_bytes(limit)} on {n_devices} × {device}: the smallest "
+                          f"per-device memory any plan needs is {fmt_bytes(res.min_memory)} "
+                          f"({int(res.min_memory)} bytes)")
+    extra = {"search": {"evaluated": res.evaluated, "meshes": res.meshes, "seconds": round(res.seconds, 3)}}
+    return make_plan(w, device, n_devices, limit, res.ranked, extra), res
+
+
+def plan_auto(cfg, n_devices: int, device: str = "cpu", memory_limit: float | None = None) -> Plan:
+    """`jaxpar train plan=auto`: best plan train can apply for `cfg` (a Config) on n_devices."""
+    from jaxpar.planner.search import TRAIN_SUPPORTED
+
+    w = Workload(cfg.model, cfg.train.batch_size, cfg.train.seq_len, cfg.precision)
+    return plan_for(w, n_devices, device, memory_limit, space=TRAIN_SUPPORTED)[0]
