@@ -1,0 +1,5 @@
+import sys
+
+from torchref.cli import main
+
+sys.exit(main())

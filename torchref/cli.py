@@ -1,0 +1,77 @@
+"""`torchref train|compare [--config FILE.yaml] [key=value ...]`.
+
+Exit codes: 0 success; 2 invalid configuration/input or a dead worker (one `error: ...` line
+on stderr, no traceback); other non-zero for internal faults.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+USAGE = """usage: torchref <command> [--config FILE.yaml] [key=value ...]
+
+commands:
+  train     strategy=single|single-ps|distributed-ps|horovod|distributed-ps-amp|horovod-amp workers=N
+            + the model/train/data/init/seed/out keys of `jaxpar train`
+  compare   workers=2,4 [same keys]: all six strategies, table (markdown+JSON) + PNG in out=
+"""
+
+
+def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
+    from jaxpar.config import ConfigError
+
+    cfg_file, rest, i = None, [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--config":
+            if i + 1 >= len(argv):
+                raise ConfigError("--config needs a file")
+            cfg_file, i = argv[i + 1], i + 2
+            continue
+        if a.startswith("--config="):
+            cfg_file = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+        i += 1
+    return cfg_file, rest
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    cmd, args = argv[0], argv[1:]
+    from jaxpar.config import ConfigError
+    from torchref.config import WorkerDied
+
+    try:
+        cfg_file, args = _split_config(args)
+        if cmd == "train":
+            from torchref.config import ref_to_dict, resolve_ref
+            from torchref.launch import train
+
+            cfg, ref = resolve_ref(args, cfg_file)
+            print(json.dumps({"torchref": ref_to_dict(ref), "model": cfg.model.__dict__, "train": cfg.train.__dict__,
+                              "data": cfg.data or "(built-in)", "init": cfg.init, "seed": cfg.seed, "out": cfg.out}),
+                  flush=True)
+            s = train(cfg, ref)
+            print(json.dumps({k: s[k] for k in ("strategy", "workers", "steps", "final_loss", "wall_s", "out")}))
+        elif cmd == "compare":
+            from torchref.compare import main as compare_main
+
+            compare_main(args, cfg_file)
+        else:
+            raise ConfigError(f"unknown command {cmd!r} (choose from train, compare)")
+    except (ConfigError, WorkerDied) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""torchref's own settings, layered on top of jaxpar's `Config`.
+
+`torchref train` takes every model/train/data/init/seed/out key that `jaxpar train` takes
+(resolved by `jaxpar.config.resolve`, so unknown keys are still rejected with one line),
+plus the keys below, which only mean something to the PyTorch reference:
+
+  strategy=single|single-ps|distributed-ps|horovod|distributed-ps-amp|horovod-amp
+  workers=N                  data-parallel worker processes (the PS strategy adds one server)
+  ps.async=false             asynchronous parameter server (NOT loss-equivalent to `single`)
+  ps.max_staleness=2         async only: drop gradients computed on weights older than this
+  ddp.bucket_mb=25           DistributedDataParallel bucket size
+  horovod.fusion_mb=64       fusion buffer size (Horovod's HOROVOD_FUSION_THRESHOLD)
+  horovod.algorithm=mpi|ring MPI_Allreduce, or the explicit ring in torchref.comm
+  horovod.compression=none|fp16
+  amp.dtype=bf16|fp16        autocast dtype of the -amp strategies (fp16 adds GradScaler)
+  backend=auto|gloo|nccl     torch.distributed backend (auto: nccl when CUDA exists)
+  timeout_s=120              collective timeout; a dead peer ends the run within this bound
+  debug.grad_step=0          save the averaged gradient of this step (1-based) to grads_step<K>.safetensors
+  debug.crash_rank=-1, debug.crash_step=0   fault injection: that worker exits at that step
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from jaxpar.config import Config, ConfigError, MeshConfig, PipelineConfig, _parse_value, load_yaml, parse_kv, resolve
+
+STRATEGY_NAMES = ("single", "single-ps", "distributed-ps", "horovod", "distributed-ps-amp", "horovod-amp")
+
+
+@dataclass(frozen=True)
+class WorkerDied(RuntimeError):
+    """A worker process exited abnormally; the launcher stopped the others (CLI: exit 2)."""
+
+
+@dataclass(frozen=True)
+class PSConfig:
+    async_: bool = False  # key `ps.async` (async is a Python keyword)
+    max_staleness: int = 2
+
+
+@dataclass(frozen=True)
+class DDPConfig:
+    bucket_mb: float = 25.0  # torch DDP's default bucket_cap_mb
+
+
+@dataclass(frozen=True)
+class HorovodConfig:
+    fusion_mb: float = 64.0  # Horovod's default fusion threshold (HOROVOD_FUSION_THRESHOLD = 64 MiB)
+    algorithm: str = "mpi"  # mpi | ring
+    compression: str = "none"  # none | fp16
+
+
+@dataclass(frozen=True)
+class AMPConfig:
+    dtype: str = "bf16"  # bf16 | fp16 (fp16 uses GradScaler dynamic loss scaling)
+
+
+@dataclass(frozen=True)
+class DebugConfig:
+    grad_step: int = 0
+    crash_rank: int = -1
+    crash_step: int = 0
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    strategy: str = "single"
+    workers: int = 1
+    backend: str = "auto"
+    timeout_s: float = 120.0
+    ps: PSConfig = field(default_factory=PSConfig)
+    ddp: DDPConfig = field(default_factory=DDPConfig)
+    horovod: HorovodConfig = field(default_factory=HorovodConfig)
+    amp: AMPConfig = field(default_factory=AMPConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+    @property
+    def is_amp(self) -> bool:
+        return self.strategy.endswith("-amp")
+
+    @property
+    def multi_worker(self) -> bool:
+        return self.strategy != "single"
+
+
+_SECTIONS = {"ps": PSConfig, "ddp": DDPConfig, "horovod": HorovodConfig, "amp": AMPConfig, "debug": DebugConfig}
+_TOP = ("strategy", "workers", "backend", "timeout_s")
+
+
+def _fname(section: str, key: str) -> str:
+    return "async_" if (section, key) == ("ps", "async") else key
+
+
+def split_items(items: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Separate torchref keys from jaxpar keys (the latter go to `jaxpar.config.resolve`)."""
+    ours, theirs = {}, {}
+    for k, v in items.items():
+        head = k.partition(".")[0]
+        (ours if (k in _TOP or head in _SECTIONS) else theirs)[k] = v
+    return ours, theirs
+
+
+def apply_ref_overrides(ref: RefConfig, items: dict[str, Any]) -> RefConfig:
+    hints = typing.get_type_hints(RefConfig)
+    sections: dict[str, dict[str, Any]] = {}
+    for key, raw in items.items():
+        head, _, rest = key.partition(".")
+        if not rest:
+            if head in _SECTIONS:
+                raise ConfigError(f"unknown key {key!r} (use {head}.<field>)")
+            ref = replace(ref, **{head: _parse_value(hints[head], raw, key)})
+            continue
+        cls = _SECTIONS[head]
+        types_ = typing.get_type_hints(cls)
+        name = _fname(head, rest)
+        if name not in types_ or name == "async" or (name == "async_" and rest != "async"):
+            valid = ", ".join(f"{head}.{'async' if f == 'async_' else f}" for f in types_)
+            raise ConfigError(f"unknown key {key!r} (valid: {valid})")
+        sections.setdefault(head, {})[name] = _parse_value(types_[name], raw, key)
+    for head, kv in sections.items():
+        ref = replace(ref, **{head: replace(getattr(ref, head), **kv)})
+    return ref
+
+
+def validate_ref(cfg: Config, ref: RefConfig) -> None:
+    """Checks that need no processes. Raises ConfigError with a one-line message."""
+    if ref.strategy not in STRATEGY_NAMES:
+        raise ConfigError(f"strategy={ref.strategy!r} is unknown (choose from {', '.join(STRATEGY_NAMES)})")
+    if ref.multi_worker and ref.workers < 2:
+        raise ConfigError(f"strategy={ref.strategy} needs workers >= 2 (got workers={ref.workers})")
+    if not ref.multi_worker and ref.workers != 1:
+        raise ConfigError(f"strategy=single runs one process; workers={ref.workers} must be 1")
+    if cfg.train.batch_size % ref.workers:
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not divisible by workers={ref.workers}")
+    if ref.horovod.algorithm not in ("mpi", "ring"):
+        raise ConfigError(f"horovod.algorithm={ref.horovod.algorithm!r} must be mpi or ring")
+    if ref.horovod.compression not in ("none", "fp16"):
+        raise ConfigError(f"horovod.compression={ref.horovod.compression!r} must be none or fp16")
+    if ref.amp.dtype not in ("bf16", "fp16"):
+        raise ConfigError(f"amp.dtype={ref.amp.dtype!r} must be bf16 or fp16")
+    if ref.backend not in ("auto", "gloo", "nccl"):
+        raise ConfigError(f"backend={ref.backend!r} must be auto, gloo or nccl")
+    if ref.ps.async_ and ref.strategy != "single-ps":
+        raise ConfigError(f"ps.async=true needs strategy=single-ps (got strategy={ref.strategy})")
+    if ref.ps.max_staleness < 0:
+        raise ConfigError(f"ps.max_staleness={ref.ps.max_staleness} must be >= 0")
+    if ref.ddp.bucket_mb <= 0 or ref.horovod.fusion_mb <= 0:
+        raise ConfigError(f"ddp.bucket_mb={ref.ddp.bucket_mb} and horovod.fusion_mb={ref.horovod.fusion_mb} must be positive")
+    if ref.timeout_s <= 0:
+        raise ConfigError(f"timeout_s={ref.timeout_s} must be positive")
+    # jaxpar features the reference does not model: refuse rather than silently ignore.
+    if cfg.train.grad_accum != 1:
+        raise ConfigError(f"train.grad_accum={cfg.train.grad_accum}: torchref supports train.grad_accum=1 only")
+    if cfg.mesh != MeshConfig() or cfg.pipeline != PipelineConfig():
+        raise ConfigError("mesh.* and pipeline.* are jaxpar keys; torchref is data-parallel only (use workers=N)")
+    for key in ("resume", "dry_run"):
+        if getattr(cfg, key):
+            raise ConfigError(f"{key}=true is not supported by torchref")
+    if cfg.plan:
+        raise ConfigError("plan= is not supported by torchref")
+
+
+def resolve_ref(args: list[str], config_file: str | None = None) -> tuple[Config, RefConfig]:
+    """key=value args (+ optional YAML) -> (jaxpar Config, RefConfig), validated.
+
+    `precision` belongs to the strategy here: the fp32 strategies compute in fp32, the -amp ones
+    under autocast(amp.dtype). `precision=fp32` (non-amp) or `precision=bf16` (amp, amp.dtype=bf16)
+    are accepted for symmetry with `jaxpar train`; a contradicting value is an error.
+    """
+    items: dict[str, Any] = load_yaml(config_file) if config_file else {}
+    items.update(parse_kv(args))
+    precision = items.pop("precision", None)
+    ours, theirs = split_items(items)
+    ref = apply_ref_overrides(RefConfig(), ours)
+    cfg = resolve([f"{k}={v}" for k, v in theirs.items()])
+    cfg = replace(cfg, precision="bf16" if ref.is_amp and ref.amp.dtype == "bf16" else "fp32")
+    validate_ref(cfg, ref)
+    if precision is not None:
+        want = "fp32" if not ref.is_amp else ref.amp.dtype
+        if str(precision) != want:
+            raise ConfigError(f"precision={precision} contradicts strategy={ref.strategy}"
+                              f"{' amp.dtype=' + ref.amp.dtype if ref.is_amp else ''} (it computes in {want})")
+    return cfg, ref
+
+
+def ref_to_dict(ref: RefConfig) -> dict[str, Any]:
+    d = dataclasses.asdict(ref)
+    d["ps"]["async"] = d["ps"].pop("async_")
+    return d
+
+
+def ref_from_dict(d: dict[str, Any]) -> RefConfig:
+    d = json.loads(json.dumps(d))
+    d["ps"]["async_"] = d["ps"].pop("async")
+    return RefConfig(**{k: (_SECTIONS[k](**v) if k in _SECTIONS else v) for k, v in d.items()})

@@ -1,0 +1,196 @@
+"""`torchref train`: prepare once, then start the strategy's processes and watch them.
+
+  * fork strategies (single, single-ps, distributed-ps[-amp]): the launcher has already imported
+    torch + transformers (~7 s on these CPUs), so each rank is a `fork` of it with the job in
+    memory; rendezvous over TCP on 127.0.0.1 (gloo on CPU, NCCL when CUDA exists). Equivalent
+    to `torchrun --nproc-per-node N` with one process per rank.
+  * mpi strategies (horovod[-amp]): `mpiexec -n N python -m torchref.worker <out>/job.json`.
+
+A dying worker never hangs the run: the launcher polls its children and, as soon as one exits
+non-zero, terminates the others (SIGTERM, then SIGKILL after `GRACE_S`); under mpiexec the
+failing rank calls MPI_Abort (or is reaped by Hydra), which kills every rank. Collectives also
+carry `timeout_s`. Either way the launcher raises `WorkerDied` (CLI: one line, exit 2).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from jaxpar.config import Config, ConfigError, to_dict
+from torchref.config import RefConfig, WorkerDied, ref_to_dict
+
+GRACE_S = 5.0
+POLL_S = 0.05
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_mpi() -> str:
+    """Path of mpiexec; ConfigError saying how to install when mpiexec or mpi4py is missing."""
+    missing = [name for name, ok in (("mpi4py", importlib.util.find_spec("mpi4py") is not None),
+                                     ("mpiexec", shutil.which("mpiexec") is not None)) if not ok]
+    if missing:
+        raise ConfigError(f"strategy=horovod needs {' and '.join(missing)}: "
+                          "pip install mpi4py mpich (or pip install -e '.[mpi]')")
+    return shutil.which("mpiexec")
+
+
+def prepare(cfg: Config, ref: RefConfig):
+    """Everything that can fail with a user error, done once before any process starts."""
+    from jaxpar.data import Dataset, resolve_data
+    from torchref.runtime import Job
+    from torchref.model import initial_state_dict, save_weights
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("metrics.jsonl", "summary.json"):
+        (out / stale).unlink(missing_ok=True)
+    for d in ("procs", "logs"):
+        shutil.rmtree(out / d, ignore_errors=True)
+    for g in out.glob("grads_step*.safetensors"):
+        g.unlink()
+    if cfg.init:  # the model shape comes from the weights, as in `jaxpar train init=`
+        from jaxpar.models.hf import model_config_from_hf
+
+        cfg = replace(cfg, model=model_config_from_hf(cfg.init))
+    data_dir = resolve_data(cfg.data, cfg.tokenizer, str(out))
+    Dataset.open(data_dir, cfg.model.vocab_size, cfg.train.seq_len)  # validates vocab / length
+    init_dir = str(out / "init")
+    from jaxpar.models.hf import hf_config_dict
+
+    save_weights(init_dir, hf_config_dict(cfg.model), initial_state_dict(cfg))
+    job = Job(cfg, ref, os.path.abspath(data_dir), os.path.abspath(init_dir), os.path.abspath(out), free_port())
+    (out / "job.json").write_text(job.to_json())
+    (out / "config.json").write_text(json.dumps({**to_dict(cfg), "torchref": ref_to_dict(ref)}, indent=2))
+    return job
+
+
+def _child(job, rank: int, world: int) -> None:
+    """Body of a forked rank: logs to <out>/logs/rank<r>.log; rank 0 keeps stdout for progress."""
+    import traceback
+
+    log = os.path.join(job.out, "logs", f"rank{rank}.log")
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 2)
+    if rank != 0:
+        os.dup2(fd, 1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when ranks stop
+    try:
+        from torchref.worker import run_process
+
+        run_process(job, rank, world)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.exitcode is None:
+            p.terminate()
+    deadline = time.monotonic() + GRACE_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.exitcode is None:
+            p.kill()
+            p.join()
+
+
+def run_forked(job, world: int) -> None:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_child, args=(job, r, world), daemon=True) for r in range(world)]
+    try:
+        for p in procs:
+            p.start()
+        while True:
+            codes = [p.exitcode for p in procs]
+            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                _stop(procs)
+                r, c = bad[0]
+                why = f"signal {-c}" if c < 0 else f"exit code {c}"
+                raise WorkerDied(f"strategy={job.ref.strategy}: process rank {r} of {world} died ({why}); "
+                                 f"stopped the other {world - 1} (logs in {job.out}/logs)")
+            if all(c == 0 for c in codes):
+                return
+            time.sleep(POLL_S)
+    finally:
+        _stop(procs)
+
+
+def run_mpi(job, world: int) -> None:
+    mpiexec = check_mpi()
+    log = open(os.path.join(job.out, "logs", "mpiexec.log"), "w")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [mpiexec, "-n", str(world), sys.executable, "-m", "torchref.worker", os.path.join(job.out, "job.json")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=env, text=True, start_new_session=True)
+    try:
+        # Rank 0's progress lines come through mpiexec's stdout; Hydra's own banners go to the log.
+        for line in proc.stdout:
+            if line.startswith("step "):
+                print(line, end="", flush=True)
+            else:
+                log.write(line)
+        rc = proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    if rc != 0:
+        died = [r for r in range(world) if not os.path.exists(os.path.join(job.out, "procs", f"rank{r}.json"))]
+        raise WorkerDied(f"strategy={job.ref.strategy}: an MPI rank died (mpiexec exit code {rc}, unfinished ranks "
+                         f"{died}); mpiexec stopped the others (logs in {job.out}/logs)")
+
+
+def train(cfg: Config, ref: RefConfig) -> dict:
+    """Run one strategy end to end; returns the run summary (also written to <out>/summary.json)."""
+    from torchref import strategies
+
+    strategy = strategies.get(ref.strategy)
+    if strategy.launcher == "mpi":
+        check_mpi()
+    if strategy.launcher == "fork":
+        # Import once here so every forked rank starts warm (the transformers import is ~7 s).
+        import transformers.models.gpt2.modeling_gpt2  # noqa: F401
+    job = prepare(cfg, ref)
+    world = strategy.world_size(ref.workers)
+    os.makedirs(os.path.join(job.out, "logs"), exist_ok=True)
+    t0 = time.perf_counter()
+    (run_mpi if strategy.launcher == "mpi" else run_forked)(job, world)
+    return summarize(job, world, time.perf_counter() - t0)
+
+
+def summarize(job, world: int, wall_s: float) -> dict:
+    out = Path(job.out)
+    procs = [json.loads((out / "procs" / f"rank{r}.json").read_text()) for r in range(world)]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    n_params = sum(int(v.size) for v in __import__("safetensors.numpy").numpy.load_file(
+        os.path.join(job.init_dir, "model.safetensors")).values())
+    s = {"strategy": job.ref.strategy, "workers": job.ref.workers, "processes": world, "wall_s": wall_s,
+         "steps": len(rows), "final_loss": rows[-1]["loss"] if rows else None, "params": n_params,
+         "param_bytes": 4 * n_params, "procs": procs, "out": job.out}
+    (out / "summary.json").write_text(json.dumps(s, indent=2))
+    return s

@@ -1,0 +1,129 @@
+"""HF GPT2LMHeadModel built from jaxpar's ModelConfig and weights, plus the optimizer
+that mirrors jaxpar's optax chain exactly.
+
+jaxpar's update is `optax.chain(clip_by_global_norm(c), adamw(schedule, b1, b2, eps, wd, mask))`.
+The torch mirror:
+  * AdamW with two param groups: weight decay only on the 2-D matmul weights
+    (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj); none on biases, LayerNorms, wte, wpe.
+    torch's decoupled decay `p *= 1 - lr*wd` equals optax's `update += wd*p; p -= lr*update`.
+  * `clip_grads_`: scale = max_norm / norm when norm >= max_norm, with NO epsilon
+    (torch.nn.utils.clip_grad_norm_ divides by norm + 1e-6, optax does not).
+  * `lr_at(step)`: optax.warmup_cosine_decay_schedule(0, lr, warmup, steps, lr*min_lr_ratio),
+    evaluated at the update count *before* the update (step 0 -> lr(0) = 0 when warmup > 0).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from jaxpar.config import Config, TrainConfig
+
+DECAY_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def build_model(hf_config: dict, state_dict: dict[str, np.ndarray] | None = None) -> torch.nn.Module:
+    """GPT2LMHeadModel from an HF config dict (`jaxpar.models.hf.hf_config_dict`, or the config.json
+    of the run's init dir) with the given HF-named float32 weights (lm_head tied to wte).
+
+    Workers read the dict from <out>/init/config.json rather than importing jaxpar.models, which
+    would import jax: every import second counts when mpiexec starts N ranks on a small CPU."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(**hf_config))
+    if state_dict is not None:
+        load_weights(model, state_dict)
+    model.train()  # dropout is 0 by default, so train mode is still deterministic
+    return model
+
+
+def load_weights(model: torch.nn.Module, state_dict: dict[str, np.ndarray]) -> None:
+    sd = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in state_dict.items()}
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [m for m in missing if m != "lm_head.weight" and not m.endswith(".attn.bias")]
+    if missing or unexpected:
+        raise ValueError(f"weights do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    model.tie_weights()
+
+
+def initial_state_dict(cfg: Config) -> dict[str, np.ndarray]:
+    """The exact weights `jaxpar train` starts from: `init=<HF dir>` or the shared numpy init(seed)."""
+    from jaxpar.models.hf import load_hf, to_hf_state_dict
+
+    if cfg.init:
+        mcfg, params = load_hf(cfg.init)
+        return to_hf_state_dict(mcfg, params)
+    from jaxpar.models.gpt2 import init_params
+
+    return to_hf_state_dict(cfg.model, init_params(cfg.model, cfg.seed))
+
+
+def hf_state_dict(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    """Model weights under HF names as float32 numpy, tied lm_head dropped (save_pretrained's layout)."""
+    return {n: p.detach().float().cpu().numpy().copy() for n, p in model.named_parameters()}
+
+
+def save_weights(path: str, hf_config: dict, sd: dict[str, np.ndarray]) -> None:
+    """config.json + model.safetensors (the layout `jaxpar.models.hf.load_hf` and HF from_pretrained read)."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    os.makedirs(path, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in sd.items()}, os.path.join(path, "model.safetensors"),
+              metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(hf_config, f, indent=2)
+
+
+def decays(name: str) -> bool:
+    return name.endswith(DECAY_SUFFIXES)
+
+
+def make_optimizer(named_params: list[tuple[str, torch.nn.Parameter]], t: TrainConfig) -> torch.optim.AdamW:
+    decay = [p for n, p in named_params if decays(n)]
+    no_decay = [p for n, p in named_params if not decays(n)]
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # foreach=False: the plain per-tensor loop, the easiest path to read against optax.
+    return torch.optim.AdamW(groups, lr=0.0, betas=(t.beta1, t.beta2), eps=t.eps, foreach=False)
+
+
+def lr_at(t: TrainConfig, step: int) -> float:
+    """optax.warmup_cosine_decay_schedule(0, lr, warmup_steps, steps, lr*min_lr_ratio)(step)."""
+    peak, end, warm = t.lr, t.lr * t.min_lr_ratio, t.warmup_steps
+    if warm > 0 and step < warm:
+        return peak * step / warm
+    decay = t.steps - warm
+    if decay <= 0:
+        return peak if warm == 0 else end
+    frac = min(step - warm, decay) / decay
+    alpha = end / peak
+    return peak * ((1 - alpha) * 0.5 * (1 + math.cos(math.pi * frac)) + alpha)
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for g in opt.param_groups:
+        g["lr"] = lr
+
+
+@torch.no_grad()
+def clip_grads_(params, max_norm: float) -> float:
+    """optax.clip_by_global_norm: g -> g / norm * max_norm when norm >= max_norm; no epsilon.
+    Returns the global norm before clipping."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).float()
+    if max_norm > 0 and norm >= max_norm:
+        for g in grads:
+            g.div_(norm).mul_(max_norm)
+    return float(norm)
+
+
+def loss_fn(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy in fp32 (logits are upcast even under autocast).
+    inputs, targets: (B, T) int64 -> scalar."""
+    logits = model(input_ids=inputs).logits  # (B, T, V)
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -1,0 +1,155 @@
+"""What every torchref process shares: the job description, the data shard of each step,
+metrics writing, the torch.distributed process group, fault injection and the per-process
+summary (peak memory, bytes) that `compare` reads.
+
+A `Job` is written to `<out>/job.json` by the launcher; forked workers get it in memory,
+mpiexec-launched ones read the file (`python -m torchref.worker <out>/job.json`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import resource
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from jaxpar.config import Config, from_dict, to_dict
+from torchref.config import RefConfig, ref_from_dict, ref_to_dict
+
+
+@dataclass(frozen=True)
+class Job:
+    cfg: Config
+    ref: RefConfig
+    data_dir: str  # prepared dir (train.bin/val.bin/meta.json)
+    init_dir: str  # HF dir with the initial weights
+    out: str
+    port: int = 0  # TCP port of the torch.distributed rendezvous
+
+    def to_json(self) -> str:
+        return json.dumps({"cfg": to_dict(self.cfg), "ref": ref_to_dict(self.ref), "data_dir": self.data_dir,
+                           "init_dir": self.init_dir, "out": self.out, "port": self.port}, indent=2)
+
+    @staticmethod
+    def from_json(s: str) -> "Job":
+        d = json.loads(s)
+        return Job(from_dict(d["cfg"]), ref_from_dict(d["ref"]), d["data_dir"], d["init_dir"], d["out"], d["port"])
+
+
+class Context:
+    """One process's view of the job: its rank, the data, the initial weights."""
+
+    def __init__(self, job: Job, rank: int, world: int):
+        from jaxpar.data import Dataset
+
+        self.job, self.rank, self.world = job, rank, world
+        self.cfg, self.ref, self.t = job.cfg, job.ref, job.cfg.train
+        self.ds = Dataset.open(job.data_dir, job.cfg.model.vocab_size, job.cfg.train.seq_len)
+        torch.set_num_threads(int(os.environ.get("TORCHREF_THREADS", "1")))
+        torch.manual_seed(job.cfg.seed)
+
+    # ---------------------------------------------------------------- data
+    def global_batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """The global batch of 0-based step `step`, identical to jaxpar's: int32 (B, T) each."""
+        from jaxpar.data import train_batch
+
+        return train_batch(self.ds, self.t.seq_len, self.t.batch_size, self.cfg.seed, step)
+
+    def shard(self, step: int, worker: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows worker*B/n .. (worker+1)*B/n of the global batch, as int64 (B/n, T) tensors."""
+        x, y = self.global_batch(step)
+        b = self.t.batch_size // n
+        sl = slice(worker * b, (worker + 1) * b)
+        return torch.from_numpy(x[sl].astype(np.int64)), torch.from_numpy(y[sl].astype(np.int64))
+
+    def hf_config(self) -> dict:
+        with open(os.path.join(self.job.init_dir, "config.json")) as f:
+            return json.load(f)
+
+    def init_state_dict(self) -> dict[str, np.ndarray]:
+        from safetensors.numpy import load_file
+
+        return load_file(os.path.join(self.job.init_dir, "model.safetensors"))
+
+    def maybe_crash(self, worker: int, step: int) -> None:
+        """Fault injection for the dying-worker test: `debug.crash_rank=w debug.crash_step=s`."""
+        d = self.ref.debug
+        if d.crash_rank == worker and d.crash_step == step:
+            os._exit(17)
+
+    # ---------------------------------------------------------------- torch.distributed
+    def init_process_group(self) -> None:
+        import torch.distributed as dist
+
+        backend = self.ref.backend
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{self.job.port}", rank=self.rank,
+                                world_size=self.world, timeout=datetime.timedelta(seconds=self.ref.timeout_s))
+
+    def amp_context(self):
+        """autocast for the -amp strategies (Apex AMP O1's successor); a no-op otherwise."""
+        import contextlib
+
+        if not self.ref.is_amp:
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.ref.amp.dtype == "bf16" else torch.float16
+        return torch.autocast(device_type="cpu", dtype=dtype)
+
+    def grad_scaler(self):
+        """GradScaler (dynamic loss scaling) for amp.dtype=fp16; None otherwise."""
+        if self.ref.is_amp and self.ref.amp.dtype == "fp16":
+            return torch.amp.GradScaler("cpu")
+        return None
+
+    # ---------------------------------------------------------------- outputs
+    def save_grads(self, step: int, named_grads: dict[str, torch.Tensor]) -> None:
+        """`debug.grad_step=K`: the averaged (pre-clip) gradient of step K, HF names, float32."""
+        if self.ref.debug.grad_step != step:
+            return
+        from safetensors.numpy import save_file
+
+        save_file({n: g.detach().float().cpu().numpy().copy() for n, g in named_grads.items()},
+                  os.path.join(self.job.out, f"grads_step{step}.safetensors"))
+
+    def write_summary(self, role: str, **extra) -> None:
+        """Per-process summary: peak RSS and totals; `compare` and the launcher read these."""
+        os.makedirs(os.path.join(self.job.out, "procs"), exist_ok=True)
+        d = {"rank": self.rank, "role": role, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        d.update(extra)
+        with open(os.path.join(self.job.out, "procs", f"rank{self.rank}.json"), "w") as f:
+            json.dump(d, f)
+
+
+class Metrics:
+    """Appends one JSON object per step to <out>/metrics.jsonl (only the writer process owns one)."""
+
+    def __init__(self, ctx: Context, **static):
+        self.ctx, self.static = ctx, static
+        self.path = os.path.join(ctx.job.out, "metrics.jsonl")
+        self.f = open(self.path, "a")
+        self.tokens = ctx.t.batch_size * ctx.t.seq_len
+
+    def log(self, step: int, loss: float, step_time: float, **fields) -> None:
+        rec = {"step": step, "loss": float(loss), "tokens_per_s": self.tokens / max(step_time, 1e-12),
+               "step_time_s": step_time}
+        rec.update(fields)
+        rec.update(self.static)
+        self.f.write(json.dumps(rec) + "\n")
+        self.f.flush()
+        t = self.ctx.t
+        if t.log_every and (step % t.log_every == 0 or step == t.steps):
+            print(f"step {step}/{t.steps}  loss {loss:.4f}  {rec['tokens_per_s']:.0f} tok/s  "
+                  f"{step_time * 1e3:.0f} ms", flush=True)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def timer() -> float:
+    return time.perf_counter()

@@ -1,0 +1,99 @@
+"""The Strategy interface and the training loop the all-reduce strategies share.
+
+A strategy says how many OS processes it needs, how they are started (`fork` from the warm
+launcher, or `mpi` under mpiexec) and what each process runs (`run(ctx)`). The synchronous
+strategies all compute the same update as `single`:
+
+    worker w of N: loss_w = mean CE over rows w*B/N..(w+1)*B/N of the global batch (B, T)
+    averaged grad  = (1/N) sum_w grad(loss_w) = grad(mean CE over the global batch)
+    then, identically on every replica (or once on the server): clip -> AdamW(lr_at(step)).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, ClassVar
+
+import torch
+
+from torchref.comm import ByteCounter
+from torchref.model import build_model, clip_grads_, loss_fn, lr_at, make_optimizer, set_lr
+from torchref.runtime import Context, Metrics, timer
+
+
+class Strategy:
+    name: ClassVar[str]
+    launcher: ClassVar[str] = "fork"  # fork: forked from the launcher; mpi: under mpiexec
+    amp: ClassVar[bool] = False
+
+    def world_size(self, workers: int) -> int:
+        """OS processes this strategy runs for `workers` data-parallel workers."""
+        return workers
+
+    def run(self, ctx: Context) -> None:
+        """The body of process `ctx.rank`."""
+        raise NotImplementedError
+
+
+class Hooks:
+    """What an all-reduce strategy plugs into `allreduce_train_loop`."""
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:  # e.g. DDP(model)
+        return model
+
+    def after_backward(self) -> None:  # e.g. wait for outstanding all-reduces
+        pass
+
+    def global_loss(self, local_loss: float) -> float:  # mean over workers (control traffic)
+        return local_loss
+
+    def bytes_this_step(self) -> tuple[int, int]:
+        return 0, 0
+
+
+def allreduce_train_loop(ctx: Context, worker: int, n: int, make_hooks: Callable[[torch.nn.Module], Hooks],
+                         initial_weights: bool = True, **static) -> None:
+    """Data-parallel loop of single / DDP / Horovod. Rank 0 writes metrics and the final weights."""
+    t = ctx.t
+    model = build_model(ctx.hf_config(), ctx.init_state_dict() if initial_weights else None)
+    hooks = make_hooks(model)
+    wrapped = hooks.wrap(model)
+    named = list(model.named_parameters())
+    params = [p for _, p in named]
+    opt = make_optimizer(named, t)
+    scaler = ctx.grad_scaler()
+    metrics = Metrics(ctx, strategy=ctx.ref.strategy, workers=n, **static) if worker == 0 else None
+    totals = ByteCounter()
+    for step in range(t.steps):
+        ctx.maybe_crash(worker, step + 1)
+        t0 = timer()
+        x, y = ctx.shard(step, worker, n)
+        opt.zero_grad(set_to_none=True)
+        with ctx.amp_context():
+            loss = loss_fn(wrapped, x, y)
+        (scaler.scale(loss) if scaler else loss).backward()
+        hooks.after_backward()  # grads now hold the average over workers
+        if scaler:
+            scaler.unscale_(opt)
+        if worker == 0:
+            ctx.save_grads(step + 1, {name: p.grad for name, p in named})
+        norm = clip_grads_(params, t.grad_clip)
+        lr = lr_at(t, step)
+        set_lr(opt, lr)
+        if scaler:
+            scaler.step(opt)  # skipped (and the scale halved) when the grads hold inf/nan
+            scaler.update()
+        else:
+            opt.step()
+        gl = hooks.global_loss(float(loss.detach()))
+        dt = timer() - t0
+        sent, received = hooks.bytes_this_step()
+        totals.add(sent, received)
+        if metrics:
+            extra = {"loss_scale": float(scaler.get_scale())} if scaler else {}
+            metrics.log(step + 1, gl, dt, bytes_sent=sent, bytes_received=received, lr=lr, grad_norm=norm, **extra)
+    if metrics:
+        metrics.close()
+        from torchref.model import hf_state_dict, save_weights
+
+        save_weights(f"{ctx.job.out}/hf", ctx.hf_config(), hf_state_dict(model))
+    ctx.write_summary("worker", bytes_sent=totals.sent, bytes_received=totals.received)
