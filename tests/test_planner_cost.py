@@ -1,0 +1,133 @@
+"""Planner cost model: exact formulas (collectives, parameter counts, activations, bubble, MFU)."""
+
+import pytest
+
+from jaxpar.config import PRESETS, ConfigError, ModelConfig
+from jaxpar.planner.cost import (GROUPS, Strategy, Workload, all_gather, all_reduce, axis_bandwidths, estimate,
+                                 flops_per_token, group_elems, layer_activation_bytes, ppermute)
+from jaxpar.planner.devices import GiB, get_device, parse_bytes
+
+XL = PRESETS["gpt2-xl"]
+H100 = get_device("h100")
+
+
+def test_collective_formulas():
+    # ring all-reduce: 2(n-1)/n · X bytes, 2(n-1) latency hops
+    assert all_reduce(4, 1000.0, 0.0, 1.0) == (1500.0, 1500.0)
+    t, b = all_gather(4, 1000.0, 1e-6, 1e3)
+    assert b == 750.0 and t == pytest.approx(3e-6 + 0.75)
+    assert ppermute(100.0, 1e-5, 1e2) == (pytest.approx(1.00001), 100.0)
+    assert all_reduce(1, 1e9, 1.0, 1.0) == (0.0, 0.0)
+
+
+def test_group_elements_sum_to_param_count():
+    for name in ("gpt2-tiny", "gpt2", "gpt2-xl"):
+        m = PRESETS[name]
+        el = group_elems(m, 1, 1, {g: False for g in GROUPS})
+        assert el["embed"] + m.n_layer * (el["attn"] + el["mlp"]) == m.num_params()
+    # ZeRO-3 over f=8 shards everything but the biases without an embed dim (c_attn 3D, c_fc 4D)
+    m, f = XL, 8
+    el = group_elems(m, 1, f, {g: True for g in GROUPS})
+    per_dev = el["embed"] + m.n_layer * (el["attn"] + el["mlp"])
+    unsharded = m.n_layer * 7 * m.n_embd
+    assert per_dev == pytest.approx((m.num_params() - unsharded) / f + unsharded)
+
+
+def test_layer_activations_match_korthikanti_terms():
+    w = Workload(XL, 8, 1024)  # bf16
+    T, b, D, N = 1024, 1, 1600, 25
+    saved, full = layer_activation_bytes(w, b, 1, "none", 1)
+    # 16 T·b·D elements at 2 bytes (Korthikanti's 34 minus 2 dropout masks) + fp32 probs and bf16 copy
+    assert saved == full == 32 * T * b * D + 6 * N * T * T * b
+    assert layer_activation_bytes(w, b, 1, "selective", 1)[0] == 32 * T * b * D
+    assert layer_activation_bytes(w, b, 1, "full", 1)[0] == 2 * T * b * D
+    assert layer_activation_bytes(w, b, 4, "none", 4)[0] == 2 * T * b * D * (4 + 4 / 4) + 6 * N * T * T * b / 4
+    flash = Workload(XL, 8, 1024, attention="flash")
+    assert layer_activation_bytes(flash, b, 1, "none", 1)[0] == 32 * T * b * D + 4 * N * T * b
+    fp32 = Workload(XL, 8, 1024, precision="fp32")
+    assert layer_activation_bytes(fp32, b, 1, "none", 1)[0] == 64 * T * b * D + 4 * N * T * T * b
+
+
+def test_flops_per_token_palm_formula():
+    # GPT-2 small: N = 124,439,808 (HF count) - 786,432 (wpe) ; 6N + 12·L·D·T.
+    # Same formula as jaxpar.models.gpt2.flops_per_token (not imported: JAX import takes seconds).
+    assert PRESETS["gpt2"].num_params() == 124_439_808
+    assert flops_per_token(PRESETS["gpt2"], 1024) == 6 * (124_439_808 - 786_432) + 12 * 12 * 768 * 1024
+
+
+def test_state_memory_and_mfu_identities():
+    w = Workload(XL, 512, 1024)
+    s = Strategy(data=8, fsdp=8, remat="selective")
+    e = estimate(w, s, H100)
+    el = group_elems(XL, 1, 8, {g: True for g in GROUPS})
+    n_el = el["embed"] + XL.n_layer * (el["attn"] + el["mlp"])
+    assert e.memory["params"] == 4 * n_el and e.memory["optimizer"] == 8 * n_el and e.memory["grads"] == 4 * n_el
+    assert e.memory["total"] == pytest.approx(sum(v for k, v in e.memory.items() if k != "total"))
+    assert e.mfu == pytest.approx(flops_per_token(XL, 1024) * 512 * 1024 / (e.step_time_s * 64 * H100.peak_flops))
+    assert e.tokens_per_s == pytest.approx(512 * 1024 / e.step_time_s)
+    # grad accumulation adds an fp32 accumulator
+    e2 = estimate(w, Strategy(data=8, fsdp=8, microbatches=2, remat="selective"), H100)
+    assert e2.memory["grads"] == 8 * n_el
+
+
+def test_bubble_and_pipeline_split():
+    w = Workload(XL, 64, 1024)
+    e = estimate(w, Strategy(data=2, pipe=4, microbatches=8), H100)
+    assert e.bubble == pytest.approx(3 / 11)
+    assert sum(e.layers_per_stage) == 48 and len(e.layers_per_stage) == 4
+    assert e.layers_per_stage[-1] < e.layers_per_stage[0]  # the head (≈2.4 layers of FLOPs) sits on the last stage
+    e2 = estimate(w, Strategy(data=2, pipe=4, microbatches=8, repeats=2), H100)
+    assert e2.bubble == pytest.approx(3 / 19)
+    assert e2.layers_per_stage == (6,) * 8
+
+
+def test_remat_and_splitting_trade_time_for_memory():
+    w = Workload(XL, 64, 1024)
+    base = estimate(w, Strategy(data=8), H100)
+    full = estimate(w, Strategy(data=8, remat="full"), H100)
+    assert full.step_time_s > base.step_time_s and full.memory["total"] < base.memory["total"]
+    vc = estimate(w, Strategy(data=8, vocab_chunks=8), H100)
+    b = 64 / 8
+    # head temporaries: 2 fp32 copies of (T, b, V) logits, divided by the chunk count
+    assert base.memory["temporaries"] - vc.memory["temporaries"] == pytest.approx(
+        2 * 1024 * b * XL.vocab_size * 4 * (1 - 1 / 8))
+    assert vc.step_time_s > base.step_time_s
+
+
+def test_axis_bandwidth_node_placement():
+    # pipe innermost: tensor=8 alone stays in a node; tensor=8 with pipe=2 spans two nodes
+    assert axis_bandwidths(H100, Strategy(data=2, tensor=8))["tensor"] == H100.bandwidth
+    assert axis_bandwidths(H100, Strategy(tensor=8, pipe=2))["tensor"] == H100.inter_bandwidth
+    assert axis_bandwidths(H100, Strategy(data=16))["data"] == H100.inter_bandwidth
+
+
+def test_device_table_and_overrides():
+    assert parse_bytes("16GB") == 16e9 and parse_bytes("16GiB") == 16 * GiB and parse_bytes("1.5e9") == 1.5e9
+    with pytest.raises(ConfigError) as e:
+        parse_bytes("lots")
+    assert str(e.value) == "memory_limit='lots' is not a size (e.g. 16GB, 40GiB, 1.6e10)"
+    d = get_device("h100", {"memory": "40GB", "peak_flops": "5e14"})
+    assert d.memory == 40e9 and d.peak_flops == 5e14 and d.bandwidth == H100.bandwidth
+    assert get_device("h200").memory == 141e9 and get_device("a100-40g").memory == 40 * GiB
+    with pytest.raises(ConfigError) as e:
+        get_device("tpu")
+    assert str(e.value) == "device='tpu' is not known (choose from cpu, a100-40g, a100-80g, h100, h200)"
+    with pytest.raises(ConfigError, match=r"^unknown key 'device.speed' \(valid: device.peak_flops, "):
+        get_device("h100", {"speed": "1"})
+    with pytest.raises(ConfigError, match=r"^device.efficiency='2' must be in \[0, 1\]$"):
+        get_device("h100", {"efficiency": "2"})
+
+
+def test_tensor_parallel_divides_layer_state_and_adds_allreduces():
+    m = ModelConfig(n_layer=4, n_embd=1024, n_head=16, vocab_size=32768, n_positions=1024)
+    w = Workload(m, 16, 1024)
+    e1 = estimate(w, Strategy(data=2), H100)
+    e4 = estimate(w, Strategy(data=2, tensor=4), H100)
+    assert e4.comm_bytes["all-reduce"] > e1.comm_bytes["all-reduce"]
+    # tensor: (4 per layer × 4 layers + 2 for embed/head) ring all-reduces of T·b·D·cb bytes over 4;
+    # data: one all-reduce over 2 of the fp32 grads (per-tensor-shard elements), ring factor 2·1/2.
+    b = 16 / 2
+    tensor_ar = (4 * 4 + 2) * 2 * 3 / 4 * 1024 * b * 1024 * 2
+    el = group_elems(m, 4, 1, {g: False for g in GROUPS})
+    grads_ar = 4 * (el["embed"] + 4 * (el["attn"] + el["mlp"]))
+    assert e4.comm_bytes["all-reduce"] == pytest.approx(tensor_ar + grads_ar)
