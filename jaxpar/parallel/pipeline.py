@@ -1,0 +1,362 @@
+"""Pipeline parallelism on the `pipe` mesh axis: stages, GPipe and circular schedules.
+
+Everything runs inside the one jit-compiled SPMD train step; there is no per-stage program.
+
+Stages. The transformer blocks are cut into V = S·R contiguous *virtual stages* (S = mesh.pipe,
+R = pipeline.repeats) by `jaxpar.parallel.partition` (exact DP minimising the slowest stage) or
+by a manual `pipeline.layers_per_stage`. Virtual stage v = r·S + s runs on pipe rank s, so with
+R > 1 every rank holds R non-contiguous chunks (the circular / interleaved schedule of Narayanan
+et al. 2021 and praxis/MaxText); R = 1 is GPipe. Params stay stored in the model's canonical
+layout (`h.*` stacked on a leading `layers` dim, same tree as checkpoints and HF export); the
+step re-lays them out to (R, S, Lmax, ...) with dim 1 over `pipe`:
+  * uniform stages (all V stages the same size): a reshape (L,...) -> (R, S, L/V, ...). For GPipe
+    this is free: the stored `layers` dim is sharded over `pipe` (`sharding.pipe_param_rules`),
+    so rank s already holds layers [s·L/S, (s+1)·L/S). For R > 1 the stored contiguous blocks are
+    not the interleaved chunks, so XLA moves (R-1)/R of the block params once per step (and the
+    grads back): the price of keeping one on-disk layout.
+  * non-uniform stages (e.g. [3, 2, 3]): a gather into (R, S, Lmax, ...) padded to the largest
+    stage; padded slots hold a copy of some layer and are masked to the identity
+    (`h = where(valid, block(h), h)`), so they get exactly zero gradient. Cost: a padded stage
+    still computes its masked layers (compute of Lmax per stage, which equals the slowest stage
+    anyway, so step time is unchanged), and the stored `layers` dim is replicated over `pipe`.
+
+Embedding and head. `wte/wpe` lookup and `ln_f` + tied logits + loss run outside the pipelined
+loop, in ordinary auto-sharded SPMD, with the batch split over (data, fsdp, pipe) when it
+divides, so they are not replicated work: each pipe rank embeds / scores 1/S of the rows. Cost:
+one all-gather over `pipe` of the embedded (B, T, D) inputs before the loop and one psum
+(broadcast) of the last stage's (B, T, D) outputs after it; the embedding and head FLOPs do not
+load stage 0 / stage S-1, so the partitioner is called with first/last extras = 0 (they are
+spread over all stages instead). The tied `wte` is replicated over `pipe`.
+
+Schedule (one `lax.scan` over N iterations; stage s works on virtual index i = t - s):
+    Mp = max(M, S);  r = i // Mp;  m = i % Mp;  valid = 0 <= i, m < M, r < R
+    N  = (R-1)·Mp + M + S - 1          (= R·M + S - 1 when M >= S)
+Stage 0 takes microbatch m from the embedded inputs when r = 0, else the output of stage S-1
+for (r-1, m), which arrived through the wrap-around of the ring (M = S: directly; M > S: parked
+in an (M, mb, T, D) buffer for M - S iterations). Every iteration each rank runs its stage on
+one (mb, T, D) microbatch, then one `ppermute` shifts the outputs s -> s+1 (mod S). Bubble:
+(S-1)/(R·M+S-1) of stage-iterations are idle (more when R > 1 and M < S).
+
+Transfers: `jax.shard_map` + `ppermute`, manual over (pipe, data, fsdp), auto over tensor.
+Chosen over sharding-constrained shifts (`jnp.roll` on a pipe-sharded dim, MaxText's default)
+because (1) each rank indexes its own repeat / microbatch with `axis_index`, so there is no
+vmap over stages and no dynamic-slice of a pipe-sharded array that XLA might lower to gathers;
+(2) the transfer is exactly one collective-permute per iteration, visible in the HLO; and (3)
+making data and fsdp manual lets us place the gradient reductions: block weights enter the
+body through `pcast(..., to='varying')` (data) and a tiled `all_gather` (fsdp) *before* the
+scan, so their transposes - one psum over data, one reduce-scatter over fsdp - run once per
+step on the gradients summed over all microbatches, not once per microbatch (auto-SPMD would
+reduce inside the loop). Tensor parallelism stays automatic inside the stage: the model's
+`constrain` calls resolve against the abstract mesh with only the tensor rules.
+
+Remat: the stage computation of each iteration is `jax.checkpoint`-ed, so the scan saves only
+the (mb, T, D) stage input per iteration and recomputes the stage in the backward pass.
+
+Out of scope: 1F1B (PipeDream-flush) interleaves one microbatch's backward with later
+forwards on each stage. Inside a single SPMD program the backward is produced by autodiff of
+the whole forward scan, so all forwards precede all backwards (GPipe order); 1F1B needs one
+program per stage (MPMD, e.g. separate jits per stage with explicit send/recv) and is not
+implemented here. Its benefit is activation memory (S instead of M in flight), which remat
+already addresses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxpar.config import Config, ConfigError, ModelConfig
+from jaxpar.logical import activation_rules, spec_for
+from jaxpar.models import gpt2
+from jaxpar.parallel.partition import partition_layers, stage_bounds, validate_layers_per_stage
+from jaxpar.precision import Policy, get_policy
+
+MANUAL_AXES = ("data", "fsdp", "pipe")  # shard_map is manual over these; `tensor` stays automatic
+BATCH = ("data", "fsdp")
+
+
+# ----------------------------------------------------------------------------- schedule arithmetic
+
+
+def n_iterations(S: int, M: int, R: int = 1) -> int:
+    """Scan iterations of the schedule: (R-1)·max(M,S) + M + S - 1 (= R·M + S - 1 when M >= S)."""
+    return (R - 1) * max(M, S) + M + S - 1
+
+
+def bubble_theory(S: int, M: int, R: int = 1) -> float:
+    """Idle fraction of stage-iterations, (S-1)/(R·M+S-1) for M >= S."""
+    return 1.0 - R * M / n_iterations(S, M, R)
+
+
+def schedule_table(S: int, M: int, R: int = 1) -> np.ndarray:
+    """(N, S, 2) int: (repeat, microbatch) each stage works on at each iteration, (-1, -1) when idle."""
+    N, Mp = n_iterations(S, M, R), max(M, S)
+    out = np.full((N, S, 2), -1, np.int64)
+    for t in range(N):
+        for s in range(S):
+            i = t - s
+            if i >= 0 and i % Mp < M and i // Mp < R:
+                out[t, s] = (i // Mp, i % Mp)
+    return out
+
+
+# ----------------------------------------------------------------------------- stages and checks
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where every layer runs: virtual stage v = r·S + s holds `layers_per_stage[v]` layers."""
+
+    n_stages: int  # S (mesh.pipe)
+    repeats: int  # R
+    layers_per_stage: tuple[int, ...]  # length S·R, in virtual-stage order
+    lmax: int  # largest stage (the padded depth)
+    index: np.ndarray  # (R, S, Lmax) layer id feeding each slot (pads repeat a real layer)
+    valid: np.ndarray  # (R, S, Lmax) bool, False on pads
+
+    @property
+    def uniform(self) -> bool:
+        return len(set(self.layers_per_stage)) == 1
+
+
+def make_layout(layers_per_stage, S: int, R: int) -> Layout:
+    lps = tuple(int(v) for v in layers_per_stage)
+    lmax = max(lps)
+    index = np.zeros((R, S, lmax), np.int32)
+    valid = np.zeros((R, S, lmax), bool)
+    for v, (a, b) in enumerate(stage_bounds(lps)):
+        r, s = divmod(v, S)
+        n = b - a
+        index[r, s, :n] = np.arange(a, b)
+        index[r, s, n:] = b - 1
+        valid[r, s, :n] = True
+    return Layout(S, R, lps, lmax, index, valid)
+
+
+def layer_cost(mc: ModelConfig, seq_len: int) -> float:
+    """Forward FLOPs per token of one block (matmuls + attention scores), the partitioner's unit."""
+    d = mc.n_embd
+    return 2.0 * 12 * d * d + 4.0 * seq_len * d
+
+
+def check_pipeline(cfg: Config, n_stages: int | None = None, warn: bool = True) -> tuple[int, ...]:
+    """Validate the pipeline settings against the (resolved) mesh, model and batch; return the
+    layers per virtual stage (manual or from the partitioner). Raises one-line ConfigErrors."""
+    pc, mc, tc = cfg.pipeline, cfg.model, cfg.train
+    S = cfg.mesh.pipe if n_stages is None else n_stages
+    R, M, L = pc.repeats, pc.microbatches, mc.n_layer
+    if R < 1:
+        raise ConfigError(f"pipeline.repeats={R} must be >= 1")
+    if M < 1:
+        raise ConfigError(f"pipeline.microbatches={M} must be >= 1")
+    if R > 1 and pc.schedule != "circular":
+        raise ConfigError(f"pipeline.repeats={R} needs pipeline.schedule=circular (got {pc.schedule!r})")
+    if S > L:
+        raise ConfigError(f"mesh.pipe={S} stages exceed model.n_layer={L} layers")
+    if R * S > L:
+        raise ConfigError(f"pipeline.repeats×mesh.pipe={R}×{S}={R * S} exceeds model.n_layer={L} layers")
+    dp = max(cfg.mesh.data, 1) * max(cfg.mesh.fsdp, 1)
+    per_replica = tc.batch_size // (dp * tc.grad_accum)
+    if tc.batch_size % (dp * tc.grad_accum) == 0 and per_replica % M:
+        raise ConfigError(f"pipeline.microbatches={M} does not divide the per-replica batch {per_replica} "
+                          f"(train.batch_size={tc.batch_size} / mesh.data×mesh.fsdp={dp} / "
+                          f"train.grad_accum={tc.grad_accum})")
+    name = "mesh.pipe" if R == 1 else "mesh.pipe×pipeline.repeats"
+    if pc.layers_per_stage is not None:
+        lps = validate_layers_per_stage(pc.layers_per_stage, L, S * R, name)
+    else:
+        lps = partition_layers([layer_cost(mc, tc.seq_len)] * L, S * R)
+    if warn and M < S:
+        print(f"warning: pipeline.microbatches={M} < mesh.pipe={S} stages: the pipeline bubble "
+              f"({bubble_theory(S, M, R):.0%} of stage time idle) will dominate", file=sys.stderr)
+    return lps
+
+
+# ----------------------------------------------------------------------------- the pipelined blocks
+
+
+def to_stage_layout(stacked, layout: Layout):
+    """(L, ...) stacked block params -> (R, S, Lmax, ...) in virtual-stage order."""
+    R, S, lmax = layout.repeats, layout.n_stages, layout.lmax
+    if layout.uniform:
+        return jax.tree.map(lambda a: a.reshape(R, S, lmax, *a.shape[1:]), stacked)
+    idx = jnp.asarray(layout.index.reshape(-1))
+    return jax.tree.map(lambda a: jnp.take(a, idx, axis=0).reshape(R, S, lmax, *a.shape[1:]), stacked)
+
+
+def _manual_spec(spec: P, manual=MANUAL_AXES) -> P:
+    """Keep only the manual mesh axes of a PartitionSpec (shard_map specs cannot name auto axes)."""
+    out = []
+    for e in spec:
+        axes = () if e is None else (e,) if isinstance(e, str) else tuple(e)
+        axes = tuple(a for a in axes if a in manual)
+        out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return P(*out)
+
+
+def _varying(x, axes) -> jax.Array:
+    """Mark `x` varying over `axes` now (once), so the transpose - a psum of the cotangent -
+    runs here, outside the loop, instead of wherever x first meets a varying value."""
+    missing = tuple(a for a in axes if a not in jax.typeof(x).mat.varying)
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
+def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage_params, x, microbatches: int,
+                    block_param_rules: dict, key=None, remat: bool = True):
+    """Run the transformer blocks as a pipeline. x (B, T, D) -> (B, T, D).
+
+    stage_params: block params in (R, S, Lmax, ...) layout (`to_stage_layout`).
+    block_param_rules: the parameter rules (logical name -> mesh axes) in force, to find which
+    block-param dims are sharded over fsdp (gathered once per step inside the body).
+    """
+    S, R, M = layout.n_stages, layout.repeats, microbatches
+    Mp, N = max(M, S), n_iterations(S, M, R)
+    B, T, D = x.shape
+    use_buf = R > 1 and M > S
+    masked = not layout.uniform
+    tp_rules = {"heads": "tensor", "mlp": "tensor", "vocab": "tensor"}  # inside the body: tensor is the only auto axis
+
+    # (B, T, D) -> (M, B/M, T, D) taking every M-th row, so each microbatch spans all data shards.
+    xm = x.reshape(B // M, M, T, D).swapaxes(0, 1)
+    xm = jax.lax.with_sharding_constraint(xm, NamedSharding(mesh, P(None, BATCH)))
+
+    # shard_map specs: stage dim over pipe; block dims keep their fsdp sharding (gathered inside).
+    block_specs = jax.tree.map(lambda a: spec_for(a, block_param_rules), gpt2.BLOCK_AXES,
+                               is_leaf=lambda a: isinstance(a, tuple))
+    w_specs = jax.tree.map(lambda sp: P(None, "pipe", None, *_manual_spec(sp)), block_specs,
+                           is_leaf=lambda a: isinstance(a, P))
+    valid = jnp.asarray(layout.valid)
+
+    def stage(w_all, valid_all, r, h, k):
+        """One stage of one iteration: the Lmax layers of repeat r on (mb, T, D)."""
+        w = jax.tree.map(lambda a: a[r], w_all)
+        ok = valid_all[r]
+        keys = None if k is None else jax.random.split(k, layout.lmax)
+
+        def layer(h, xs):
+            lp, v, kk = xs
+            y = gpt2.block_apply(mc, policy, lp, h, kk)
+            return (jnp.where(v, y, h) if masked else y), None
+
+        h, _ = jax.lax.scan(layer, h, (w, ok, keys))
+        return h
+
+    if remat:
+        stage = jax.checkpoint(stage, prevent_cse=False)
+
+    def body(w, ok, xm, key):
+        s = jax.lax.axis_index("pipe")
+        # (R, 1, Lmax, ...) local -> (R, Lmax, ...); gather fsdp shards once per step (transpose:
+        # one reduce-scatter of the summed grads); mark varying over data once (transpose: one psum).
+        def prep(a, sp):
+            a = a[:, 0]
+            for dim, e in enumerate(sp[3:]):
+                if e is not None:
+                    a = jax.lax.all_gather(a, e, axis=dim + 2, tiled=True)
+            return _varying(a, MANUAL_AXES)
+
+        w = jax.tree.map(prep, w, w_specs)
+        ok = _varying(ok[:, 0], MANUAL_AXES)
+        xm = _varying(xm, MANUAL_AXES)
+        mb = xm.shape[1]
+        state = _varying(jnp.zeros((mb, T, D), xm.dtype), MANUAL_AXES)
+        buf = _varying(jnp.zeros((M, mb, T, D), xm.dtype), MANUAL_AXES) if use_buf else None
+
+        def iteration(carry, t):
+            state, buf = carry
+            i = t - s
+            r, m = jnp.clip(i // Mp, 0, R - 1), jnp.clip(i % Mp, 0, M - 1)
+            fresh = jax.lax.dynamic_index_in_dim(xm, m, keepdims=False)
+            if R > 1:
+                back = jax.lax.dynamic_index_in_dim(buf, m, keepdims=False) if use_buf else state
+                fresh = jnp.where(r == 0, fresh, back)
+            inp = jnp.where(s == 0, fresh, state)
+            k = None if key is None else jax.random.fold_in(key, r * M + m)
+            out = stage(w, ok, r, inp, k)
+            shifted = jax.lax.ppermute(out, "pipe", [(j, (j + 1) % S) for j in range(S)])
+            if use_buf:  # park stage S-1's output of (r, m) until stage 0 needs it at (r+1, m)
+                il = t - (S - 1)
+                ml = jnp.clip(il % Mp, 0, M - 1)
+                keep = (il >= 0) & (il % Mp < M) & (il // Mp < R - 1)
+                old = jax.lax.dynamic_index_in_dim(buf, ml, keepdims=False)
+                buf = jax.lax.dynamic_update_index_in_dim(buf, jnp.where(keep, shifted, old), ml, 0)
+            return (shifted, buf), out
+
+        with activation_rules(jax.sharding.get_abstract_mesh(), tp_rules):
+            _, ys = jax.lax.scan(iteration, (state, buf), jnp.arange(N))
+        # Stage S-1 finished microbatch m of the last repeat at iteration (R-1)·Mp + m + S - 1.
+        first = (R - 1) * Mp + S - 1
+        y = ys[first:first + M]
+        return jax.lax.psum(jnp.where(s == S - 1, y, jnp.zeros_like(y)), "pipe")
+
+    key_spec = None if key is None else P()
+    f = jax.shard_map(body, mesh=mesh, in_specs=(w_specs, P(None, "pipe"), P(None, BATCH), key_spec),
+                      out_specs=P(None, BATCH), axis_names=frozenset(MANUAL_AXES))
+    ym = f(stage_params, valid, xm, key)
+    return ym.swapaxes(0, 1).reshape(B, T, D)
+
+
+# ----------------------------------------------------------------------------- loss for train.py
+
+
+def outer_activation_rules(cfg: Config, mesh) -> dict:
+    """Activation rules outside the pipelined loop: batch also over `pipe` when it divides, so
+    the embedding and head are split across pipe ranks rather than repeated on each."""
+    from jaxpar import sharding as shd
+
+    rules = dict(shd.activation_rules(cfg.mesh))
+    S = mesh.shape["pipe"]
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    rows = cfg.train.batch_size // max(cfg.train.grad_accum, 1)
+    if rows % (dp * S) == 0:
+        rules["batch"] = (*shd.BATCH_AXES, "pipe")
+    return rules
+
+
+def make_pipeline_loss_fn(cfg: Config, mesh) -> Callable:
+    """(params, inputs (B,T), targets (B,T), key|None) -> mean fp32 loss, blocks pipelined over `pipe`."""
+    from jaxpar import sharding as shd
+
+    S = mesh.shape["pipe"]
+    pipe_cfg = dataclasses.replace(cfg, mesh=dataclasses.replace(
+        cfg.mesh, **{a: mesh.shape[a] for a in ("data", "fsdp", "tensor", "pipe")}))
+    layout = make_layout(check_pipeline(pipe_cfg, S, warn=False), S, cfg.pipeline.repeats)
+    policy, mc, M = get_policy(cfg.precision), cfg.model, cfg.pipeline.microbatches
+    rules = outer_activation_rules(pipe_cfg, mesh)
+    block_rules = shd.param_rules(pipe_cfg.mesh)
+
+    def loss(params, inputs, targets, key):
+        k_embed = k_blocks = None
+        if key is not None:
+            k_embed, k_blocks = jax.random.split(key)
+        with activation_rules(mesh, rules):
+            model = gpt2.GPT2(mc, params, policy)
+            x = model.embed(inputs, k_embed)
+            w = to_stage_layout(params["h"], layout)
+            y = pipeline_blocks(mc, policy, mesh, layout, w, x, M, block_rules, k_blocks, remat=True)
+            logits = model.head(y)
+            return gpt2.cross_entropy(logits, targets)
+
+    return loss
+
+
+def describe(cfg: Config, S: int) -> dict[str, Any]:
+    """Summary used by the CLI / example: stages, iterations, theoretical bubble."""
+    pc = cfg.pipeline
+    lps = check_pipeline(cfg, S, warn=False)
+    return {"stages": S, "repeats": pc.repeats, "microbatches": pc.microbatches, "layers_per_stage": list(lps),
+            "iterations": n_iterations(S, pc.microbatches, pc.repeats),
+            "bubble_theory": bubble_theory(S, pc.microbatches, pc.repeats)}
+
+
+def pipe_param_rules(mc: ModelConfig, mesh) -> dict:
+    """PIPE parameter rules: the stacked `layers` dim over `pipe` when it splits evenly (then
+    GPipe stage s stores exactly its own layers); otherwise replicated over `pipe`."""
+    S = mesh.shape["pipe"]
+    return {"layers": "pipe"} if S > 1 and mc.n_layer % S == 0 else {}
