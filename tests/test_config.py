@@ -1,0 +1,45 @@
+"""Config: presets, overrides, YAML, round trip through config.json."""
+
+import pytest
+
+from jaxpar import config as C
+
+
+def test_every_preset_loads_and_validates():
+    for name, mc in C.PRESETS.items():
+        cfg = C.resolve([f"model={name}", "train.seq_len=128"])
+        assert cfg.model == mc and cfg.model_name == name
+        assert mc.n_embd % mc.n_head == 0
+    assert C.PRESETS["gpt2-xl"].head_dim == 64 and C.PRESETS["gpt2-tiny"].num_params() == 462_336
+
+
+def test_overrides_refine_preset_in_any_order():
+    cfg = C.resolve(["model.n_layer=3", "model=gpt2-tiny", "mesh.data=-1", "pipeline.layers_per_stage=[1,2]",
+                     "precision=fp32", "train.lr=1e-3", "resume=true"])
+    assert cfg.model.n_layer == 3 and cfg.model.n_embd == 128
+    assert cfg.mesh.data == -1 and cfg.pipeline.layers_per_stage == (1, 2)
+    assert cfg.train.lr == 1e-3 and cfg.resume is True and cfg.precision == "fp32"
+
+
+def test_yaml_then_cli(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("model: gpt2-tiny\ntrain:\n  steps: 7\n  lr: 0.01\nmesh: {data: 2}\n")
+    cfg = C.resolve(["train.steps=9"], str(y))
+    assert (cfg.train.steps, cfg.train.lr, cfg.mesh.data, cfg.model_name) == (9, 0.01, 2, "gpt2-tiny")
+
+
+def test_to_from_dict_round_trip():
+    cfg = C.resolve(["model=gpt2-tiny", "pipeline.layers_per_stage=[1,1]", "mesh.pipe=2"])
+    assert C.from_dict(C.to_dict(cfg)) == cfg
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["mesh.data=-1", "mesh.fsdp=-1"], "at most one mesh axis may be -1 (got {'data': -1, 'fsdp': -1, 'tensor': 1, 'pipe': 1})"),
+    (["mesh.tensor=0"], "mesh sizes must be positive or -1 (got {'tensor': 0})"),
+    (["pipeline.schedule=1f1b"], "pipeline.schedule='1f1b' must be one of gpipe, circular"),
+    (["model.vocab_size=70000"], "model.vocab_size=70000 does not fit uint16 token files (max 65536)"),
+])
+def test_validation_messages(args, msg):
+    with pytest.raises(C.ConfigError) as e:
+        C.resolve(args)
+    assert str(e.value) == msg
