@@ -1,0 +1,67 @@
+"""Data: prepare (byte, bpe, GPT-2 tokenizer dir), deterministic batches, eval windows."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxpar import data
+from jaxpar.config import ConfigError
+
+from cli_helpers import run
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 200
+
+
+def test_prepare_byte_layout(tmp_path):
+    meta = data.prepare(TEXT, tmp_path, "byte")
+    n = len(TEXT.encode())
+    assert meta == {"tokenizer": "byte", "vocab_size": 256, "train_tokens": n - n // 10, "val_tokens": n // 10,
+                    "source": ""}
+    train = np.fromfile(tmp_path / "train.bin", dtype="<u2")
+    val = np.fromfile(tmp_path / "val.bin", dtype="<u2")
+    assert np.array_equal(np.concatenate([train, val]), np.frombuffer(TEXT.encode(), np.uint8))
+
+
+def test_prepare_bpe_and_gpt2_dir_round_trip(tmp_path):
+    (tmp_path / "in.txt").write_text(TEXT)
+    r = run(["prepare", f"input={tmp_path / 'in.txt'}", f"out={tmp_path / 'bpe'}", "tokenizer=bpe"])
+    assert r.returncode == 0, r.stderr
+    meta = json.loads(r.stdout)
+    assert meta["tokenizer"] == "bpe" and 256 < meta["vocab_size"] <= data.BPE_VOCAB_SIZE
+    tok = data.load_tokenizer(str(tmp_path / "bpe"))
+    assert tok.decode(tok.encode(TEXT[:200])) == TEXT[:200]
+    assert meta["train_tokens"] + meta["val_tokens"] < len(TEXT) / 4  # BPE compresses the repeated line
+    # A GPT-2 style tokenizer dir (vocab.json + merges.txt) is used as is.
+    tok._hf.model.save(str(tmp_path))
+    d = data.make_tokenizer(str(tmp_path))
+    assert d.kind == "gpt2-dir" and d.vocab_size == tok.vocab_size
+    assert np.array_equal(d.encode(TEXT[:300]), tok.encode(TEXT[:300]))
+
+
+def test_batches_are_pure_functions_of_seed_and_step(tmp_path):
+    data.prepare(TEXT, tmp_path, "byte")
+    ds = data.Dataset.open(str(tmp_path), 256, 16)
+    a = data.train_batch(ds, 16, 4, seed=1, step=7)
+    b = data.train_batch(ds, 16, 4, seed=1, step=7)
+    c = data.train_batch(ds, 16, 4, seed=1, step=8)
+    assert np.array_equal(a[0], b[0]) and not np.array_equal(a[0], c[0])
+    assert a[0].shape == (4, 16) and a[0].dtype == np.int32
+    assert np.array_equal(a[0][:, 1:], a[1][:, :-1])  # targets are inputs shifted by one
+
+
+def test_eval_windows_contract():
+    toks = np.arange(23, dtype=np.uint16)
+    x, y = data.eval_windows(toks, 5)
+    assert x.shape == (4, 5)  # (23 - 1) // 5 windows
+    assert x[2].tolist() == [10, 11, 12, 13, 14] and y[2].tolist() == [11, 12, 13, 14, 15]
+    assert data.eval_windows(toks, 5, max_windows=2)[0].shape == (2, 5)
+    with pytest.raises(ConfigError, match=r"eval data has 23 tokens, fewer than train.seq_len\+1=24"):
+        data.eval_windows(toks, 23)
+
+
+def test_folder_input_reads_txt_and_md(tmp_path):
+    (tmp_path / "b.md").write_text("bbb")
+    (tmp_path / "a.txt").write_text("aaa")
+    (tmp_path / "skip.bin").write_bytes(b"zzz")
+    assert data.read_text(str(tmp_path)) == "aaa\n\nbbb"

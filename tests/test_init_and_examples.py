@@ -1,0 +1,48 @@
+"""Fine-tuning from an HF dir (`init=`), TensorBoard output, and example 01."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from jaxpar.config import ModelConfig
+from jaxpar.models import gpt2, hf
+
+from cli_helpers import clean_env, run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_train_from_hf_init_starts_from_those_weights(tmp_path):
+    mc = ModelConfig(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64)
+    params = gpt2.init_params(mc, seed=11)
+    hf.save_hf(tmp_path / "hf", mc, params)
+    out = tmp_path / "ft"
+    r = run(["train", f"init={tmp_path / 'hf'}", "train.steps=3", "train.seq_len=32", "train.batch_size=4",
+             "precision=fp32", "train.eval_every=0", f"out={out}"])
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model"]["n_embd"] == 64 and cfg["init"] == str(tmp_path / "hf")
+    # The first logged loss is the HF weights' loss on step 0's batch.
+    from jaxpar import data
+
+    ds = data.Dataset.open(str(out / "data"), 256, 32)
+    x, y = data.train_batch(ds, 32, 4, 0, 0)
+    expect = float(gpt2.loss_fn(mc, params, x, y, "fp32"))
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+    assert abs(first - expect) <= 1e-6 * expect
+    assert any(p.name.startswith("events.out.tfevents") for p in (out / "tb").iterdir())
+
+
+def test_example_01_trains_and_samples():
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "01_train_gpt2.py")], capture_output=True,
+                       text=True, timeout=600, env=clean_env(), cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "462,336 parameters"
+    losses = [float(ln.split()[-1]) for ln in lines if ln.startswith("step")]
+    assert len(losses) == 7 and losses[-1] < 0.7 * losses[0]
+    assert "ROMEO:" in r.stdout
+    assert np.isfinite(losses).all()
