@@ -32,7 +32,6 @@ from jaxpar.config import Config, ConfigError, MeshConfig, PipelineConfig, _pars
 STRATEGY_NAMES = ("single", "single-ps", "distributed-ps", "horovod", "distributed-ps-amp", "horovod-amp")
 
 
-@dataclass(frozen=True)
 class WorkerDied(RuntimeError):
     """A worker process exited abnormally; the launcher stopped the others (CLI: exit 2)."""
 

@@ -1,0 +1,140 @@
+"""torchref config, error messages (exact text, exit 2) and the optimizer's match with optax.
+No worker processes here: everything runs in this process or a CLI subprocess that fails fast."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from jaxpar.config import ConfigError
+from torchref.config import resolve_ref
+
+TINY = ["model=gpt2-tiny", "train.seq_len=32", "train.batch_size=8"]
+
+
+def cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "torchref", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["strategy=ring"], "strategy='ring' is unknown (choose from single, single-ps, distributed-ps, horovod, "
+                        "distributed-ps-amp, horovod-amp)"),
+    (["strategy=horovod", "workers=1"], "strategy=horovod needs workers >= 2 (got workers=1)"),
+    (["strategy=single-ps"], "strategy=single-ps needs workers >= 2 (got workers=1)"),
+    (["strategy=distributed-ps", "workers=3"], "train.batch_size=8 is not divisible by workers=3"),
+    (["strategy=single", "workers=2"], "strategy=single runs one process; workers=2 must be 1"),
+    (["horovod.algorithm=tree"], "horovod.algorithm='tree' must be mpi or ring"),
+    (["horovod.compression=int8"], "horovod.compression='int8' must be none or fp16"),
+    (["amp.dtype=fp8"], "amp.dtype='fp8' must be bf16 or fp16"),
+    (["ps.async=true", "strategy=horovod", "workers=2"], "ps.async=true needs strategy=single-ps (got strategy=horovod)"),
+    (["ps.bogus=1"], "unknown key 'ps.bogus' (valid: ps.async, ps.max_staleness)"),
+    (["train.bogus=1"], "unknown key 'train.bogus'"),
+    (["precision=bf16"], "precision=bf16 contradicts strategy=single (it computes in fp32)"),
+    (["train.grad_accum=2"], "train.grad_accum=2: torchref supports train.grad_accum=1 only"),
+])
+def test_config_errors_exact_text(args, msg):
+    with pytest.raises(ConfigError) as e:
+        resolve_ref(TINY + args)
+    assert str(e.value).startswith(msg), str(e.value)
+
+
+def test_torchref_keys_parse_and_the_rest_reach_jaxpar():
+    cfg, ref = resolve_ref(TINY + ["strategy=horovod-amp", "workers=4", "ps.max_staleness=5", "horovod.fusion_mb=0.5",
+                                   "horovod.algorithm=ring", "amp.dtype=bf16", "train.lr=3e-4", "seed=7"])
+    assert (ref.strategy, ref.workers, ref.ps.max_staleness, ref.horovod.fusion_mb) == ("horovod-amp", 4, 5, 0.5)
+    assert (cfg.model.n_layer, cfg.train.lr, cfg.seed, cfg.precision) == (2, 3e-4, 7, "bf16")
+    _, ref = resolve_ref(TINY + ["strategy=single-ps", "workers=2", "ps.async=true"])
+    assert ref.ps.async_ is True
+
+
+@pytest.mark.parametrize("args, line", [
+    (["strategy=nope"], "error: strategy='nope' is unknown (choose from single, single-ps, distributed-ps, horovod, "
+                        "distributed-ps-amp, horovod-amp)"),
+    (["strategy=horovod", "workers=1"], "error: strategy=horovod needs workers >= 2 (got workers=1)"),
+    (["strategy=distributed-ps", "workers=3"], "error: train.batch_size=8 is not divisible by workers=3"),
+])
+def test_cli_errors_exit_2_one_line(args, line):
+    r = cli("train", *TINY, *args)
+    assert r.returncode == 2
+    assert r.stderr == line + "\n"
+
+
+def test_cli_mpiexec_missing_says_how_to_install(tmp_path):
+    # A PATH holding only this python: mpiexec cannot be found.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    os.symlink(sys.executable, bindir / "python")
+    r = cli("train", *TINY, "strategy=horovod", "workers=2", f"out={tmp_path}/run", env=dict(os.environ, PATH=str(bindir)))
+    assert r.returncode == 2
+    assert r.stderr == ("error: strategy=horovod needs mpiexec: pip install mpi4py mpich "
+                        "(or pip install -e '.[mpi]')\n")
+
+
+def test_mpi4py_missing_says_how_to_install(monkeypatch):
+    import importlib.util
+
+    from torchref import launch
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mpi4py" else real(name, *a))
+    with pytest.raises(ConfigError) as e:
+        launch.check_mpi()
+    assert str(e.value) == "strategy=horovod needs mpi4py: pip install mpi4py mpich (or pip install -e '.[mpi]')"
+
+
+# ----------------------------------------------------------------------------- optimizer == optax
+
+def test_lr_schedule_matches_optax():
+    import optax
+
+    from jaxpar.config import TrainConfig
+    from torchref.model import lr_at
+
+    for t in (TrainConfig(steps=50, warmup_steps=10, lr=6e-4), TrainConfig(steps=20, warmup_steps=0, lr=1e-3),
+              TrainConfig(steps=10, warmup_steps=2, lr=1e-3, min_lr_ratio=0.0)):
+        sched = optax.warmup_cosine_decay_schedule(0.0, t.lr, t.warmup_steps, t.steps, t.lr * t.min_lr_ratio)
+        for s in range(t.steps + 3):
+            # optax evaluates the schedule in float32: agree to fp32 roundoff of the peak lr.
+            assert lr_at(t, s) == pytest.approx(float(sched(s)), rel=0, abs=t.lr * 2**-22), (t, s)
+
+
+def test_clip_and_adamw_step_match_optax():
+    """Two steps of clip + AdamW with the decay mask: torch mirror vs optax, same numbers."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    import torch
+
+    from jaxpar.config import TrainConfig
+    from torchref.model import clip_grads_, lr_at, make_optimizer, set_lr
+
+    torch.set_num_threads(1)
+    t = TrainConfig(steps=10, warmup_steps=1, lr=1e-2, weight_decay=0.1, grad_clip=1.0)
+    rng = np.random.default_rng(0)
+    names = {"transformer.h.0.attn.c_attn.weight": (8, 24), "transformer.h.0.attn.c_attn.bias": (24,),
+             "transformer.wte.weight": (16, 8), "transformer.h.0.mlp.c_proj.weight": (32, 8)}
+    p0 = {n: rng.standard_normal(s).astype(np.float32) for n, s in names.items()}
+    grads = [{n: (rng.standard_normal(s) * 0.5).astype(np.float32) for n, s in names.items()} for _ in range(2)]
+    tp = {n: torch.nn.Parameter(torch.from_numpy(v.copy())) for n, v in p0.items()}
+    opt = make_optimizer(list(tp.items()), t)
+    mask = {n: n.endswith("weight") and "wte" not in n for n in names}
+    tx = optax.chain(optax.clip_by_global_norm(t.grad_clip),
+                     optax.adamw(optax.warmup_cosine_decay_schedule(0.0, t.lr, t.warmup_steps, t.steps, t.lr * t.min_lr_ratio),
+                                 b1=t.beta1, b2=t.beta2, eps=t.eps, weight_decay=t.weight_decay, mask=mask))
+    jp = {n: jnp.asarray(v) for n, v in p0.items()}
+    state = tx.init(jp)
+    for step, g in enumerate(grads):
+        for n, p in tp.items():
+            p.grad = torch.from_numpy(g[n].copy())
+        clip_grads_(list(tp.values()), t.grad_clip)
+        set_lr(opt, lr_at(t, step))
+        opt.step()
+        upd, state = tx.update({n: jnp.asarray(v) for n, v in g.items()}, state, jp)
+        jp = optax.apply_updates(jp, upd)
+    jax.block_until_ready(jp)
+    for n in names:
+        np.testing.assert_allclose(tp[n].detach().numpy(), np.asarray(jp[n]), rtol=1e-6, atol=1e-7)
+    assert not np.allclose(tp["transformer.wte.weight"].detach().numpy(), p0["transformer.wte.weight"])

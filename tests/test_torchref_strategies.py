@@ -1,0 +1,206 @@
+"""Multi-process runs of the six strategies on gpt2-tiny (CPU, gloo / mpiexec), checked against
+`single`: losses for 10 steps, gradients after step 1, byte counters vs the analytic volume,
+async PS, AMP bounds, fp16 compression, and a dying worker. Tolerances: torchref/tolerances.py.
+
+Runs go through `torchref.launch.train` in this process, so forked ranks start with torch and
+transformers already imported (the horovod ranks are started by mpiexec and import their own).
+"""
+
+import json
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from torchref.tolerances import GRAD_NORM_RTOL_AMP, GRAD_TOL_FP32, LOSS_RTOL_AMP, LOSS_RTOL_FP32
+
+STEPS = 10
+BASE = ["model=gpt2-tiny", "train.seq_len=32", "train.batch_size=8", f"train.steps={STEPS}", "train.warmup_steps=2",
+        "train.lr=1e-3", "debug.grad_step=1", "train.log_every=0"]
+HAS_MPI = shutil.which("mpiexec") is not None
+needs_mpi = pytest.mark.skipif(not HAS_MPI, reason="needs mpiexec (pip install mpich)")
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    root = tmp_path_factory.mktemp("torchref")
+    data = {}
+    cache = {}
+
+    def run(*args):
+        from torchref.config import resolve_ref
+        from torchref.launch import train
+
+        key = tuple(args)
+        if key not in cache:
+            out = root / f"run{len(cache)}"
+            extra = [f"data={data['dir']}"] if data else []
+            cfg, ref = resolve_ref(BASE + list(args) + extra + [f"out={out}"])
+            s = train(cfg, ref)
+            if not data:  # reuse the prepared corpus of the first run
+                data["dir"] = os.path.join(out, "data")
+            cache[key] = Run(out, s)
+        return cache[key]
+
+    return run
+
+
+class Run:
+    def __init__(self, out, summary):
+        from safetensors.numpy import load_file
+
+        self.out, self.summary = out, summary
+        self.rows = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
+        self.losses = np.array([r["loss"] for r in self.rows])
+        g = os.path.join(out, "grads_step1.safetensors")
+        self.grads = load_file(g) if os.path.exists(g) else None
+        self.psi = summary["param_bytes"]
+
+
+def loss_rel(a: Run, b: Run) -> float:
+    assert len(a.losses) == len(b.losses) == STEPS
+    return float(np.max(np.abs(a.losses - b.losses) / b.losses))
+
+
+def grad_rel(a: Run, b: Run) -> float:
+    """max over tensors of max|g_a - g_b| / max|g_b|."""
+    assert a.grads.keys() == b.grads.keys() and len(b.grads) == 4 + 12 * 2  # tiny: 2 layers, 12 tensors each
+    return max(float(np.max(np.abs(a.grads[k] - b.grads[k])) / np.max(np.abs(b.grads[k]))) for k in b.grads)
+
+
+def grad_norm_rel(a: Run, b: Run) -> float:
+    num = sum(float(np.sum((a.grads[k].astype(np.float64) - b.grads[k]) ** 2)) for k in b.grads)
+    den = sum(float(np.sum(b.grads[k].astype(np.float64) ** 2)) for k in b.grads)
+    return (num / den) ** 0.5
+
+
+def test_single_starts_from_the_shared_numpy_init_and_saves_hf_weights(runner):
+    from safetensors.numpy import load_file
+
+    from jaxpar.config import PRESETS
+    from jaxpar.models.gpt2 import init_params
+    from jaxpar.models.hf import load_hf, to_hf_state_dict
+
+    s = runner("strategy=single")
+    want = to_hf_state_dict(PRESETS["gpt2-tiny"], init_params(PRESETS["gpt2-tiny"], 0))
+    got = load_file(os.path.join(s.out, "init", "model.safetensors"))
+    assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
+    assert s.psi == 4 * PRESETS["gpt2-tiny"].num_params() == 1_849_344
+    mcfg, params = load_hf(os.path.join(s.out, "hf"))  # final weights, HF safetensors layout
+    assert mcfg == PRESETS["gpt2-tiny"]
+    assert not np.array_equal(params["wte"]["weight"], want["transformer.wte.weight"])
+    assert s.losses[-1] < s.losses[0] - 0.5  # it learns: 5.50 -> 4.44 on the built-in corpus
+    assert [r["step"] for r in s.rows] == list(range(1, STEPS + 1))
+    assert all(r["bytes_sent"] == r["bytes_received"] == 0 for r in s.rows)
+
+
+SYNC = [("single-ps", 2), ("distributed-ps", 2), ("single-ps", 4), ("distributed-ps", 4)]
+SYNC_MPI = [pytest.param("horovod", 2, ["horovod.algorithm=ring", "horovod.fusion_mb=0.25"], marks=needs_mpi,
+                         id="horovod-ring-2"),
+            pytest.param("horovod", 4, ["horovod.algorithm=ring"], marks=[needs_mpi, pytest.mark.slow],
+                         id="horovod-ring-4"),
+            pytest.param("horovod", 4, [], marks=[needs_mpi, pytest.mark.slow], id="horovod-mpi-4")]
+
+
+@pytest.mark.parametrize("strategy, n, extra", [pytest.param(s, n, [], id=f"{s}-{n}") for s, n in SYNC] + SYNC_MPI)
+def test_sync_fp32_strategy_equals_single(runner, strategy, n, extra):
+    single = runner("strategy=single")
+    run = runner(f"strategy={strategy}", f"workers={n}", *extra)
+    assert loss_rel(run, single) <= LOSS_RTOL_FP32
+    assert grad_rel(run, single) <= GRAD_TOL_FP32
+    psi = run.psi
+    for r in run.rows:
+        if strategy == "single-ps":
+            # All traffic through the server: N*Psi in (grads) + N*Psi out (weights) per step.
+            assert r["server_bytes_sent"] + r["server_bytes_received"] == 2 * psi * n
+            assert r["server_bytes_received"] == r["server_bytes_sent"] == psi * n
+            assert r["bytes_sent"] == r["bytes_received"] == psi
+        else:
+            # Ring all-reduce: 2(N-1)/N * Psi per worker (Psi = 1,849,344 B divides by 4 and by
+            # every fusion buffer split, so the volume is exact).
+            assert r["bytes_sent"] == r["bytes_received"] == 2 * (n - 1) * psi // n
+    procs = run.summary["procs"]
+    assert len(procs) == (n + 1 if strategy == "single-ps" else n)
+    workers = [p for p in procs if p["role"] == "worker"]
+    assert len(workers) == n
+    per_worker = {2 * (n - 1) * psi // n * STEPS} if strategy != "single-ps" else {psi * STEPS}
+    assert {p["bytes_sent"] for p in workers} == per_worker
+
+
+@pytest.mark.parametrize("strategy, n, extra", [
+    pytest.param("distributed-ps-amp", 2, [], id="ddp-amp-bf16-2"),
+    pytest.param("distributed-ps-amp", 4, [], id="ddp-amp-bf16-4"),
+    pytest.param("distributed-ps-amp", 2, ["amp.dtype=fp16"], id="ddp-amp-fp16-2"),
+    # horovod-amp at 2 workers also runs (and is checked) in test_torchref_compare's example.
+    pytest.param("horovod-amp", 2, [], marks=[needs_mpi, pytest.mark.slow], id="horovod-amp-bf16-2"),
+])
+def test_amp_within_bf16_bound(runner, strategy, n, extra):
+    single = runner("strategy=single")
+    run = runner(f"strategy={strategy}", f"workers={n}", *extra)
+    assert loss_rel(run, single) <= LOSS_RTOL_AMP
+    assert grad_norm_rel(run, single) <= GRAD_NORM_RTOL_AMP
+    assert grad_rel(run, single) > GRAD_TOL_FP32  # it really computed in reduced precision
+    if "amp.dtype=fp16" in extra:
+        assert all(r["loss_scale"] >= 1.0 for r in run.rows)  # GradScaler's dynamic loss scale is live
+
+
+@needs_mpi
+def test_horovod_fp16_compression_halves_bytes(runner):
+    single = runner("strategy=single")
+    full = runner("strategy=horovod", "workers=2", "horovod.algorithm=ring", "horovod.fusion_mb=0.25")
+    half = runner("strategy=horovod", "workers=2", "horovod.algorithm=ring", "horovod.fusion_mb=0.25",
+                  "horovod.compression=fp16")
+    for a, b in zip(half.rows, full.rows):
+        assert 2 * a["bytes_sent"] == b["bytes_sent"] == single.psi
+        assert 2 * a["bytes_received"] == b["bytes_received"]
+    assert loss_rel(half, single) <= LOSS_RTOL_AMP
+    assert grad_rel(half, single) > GRAD_TOL_FP32  # the wire really was fp16
+
+
+def test_async_ps_runs_and_loss_decreases(runner):
+    n, steps, stale = 2, 30, 1
+    run = runner("strategy=single-ps", f"workers={n}", "ps.async=true", f"ps.max_staleness={stale}",
+                 f"train.steps={steps}", "train.warmup_steps=0", "debug.grad_step=0")
+    assert [r["step"] for r in run.rows] == list(range(1, steps + 1))
+    assert all(r["ps_async"] is True and 0 <= r["staleness"] <= stale for r in run.rows)
+    assert {r["worker"] for r in run.rows} == set(range(n))  # both workers' gradients were applied
+    assert run.losses[-5:].mean() < run.losses[:5].mean() - 0.3
+    assert all(r["server_bytes_sent"] == r["server_bytes_received"] == run.psi for r in run.rows)
+
+
+def test_dying_worker_stops_the_others_quickly(runner, tmp_path):
+    from torchref.config import WorkerDied, resolve_ref
+    from torchref.launch import train
+
+    runner("strategy=single")  # make sure the module's data dir exists (and imports are warm)
+    cfg, ref = resolve_ref(BASE + ["strategy=distributed-ps", "workers=2", "debug.crash_rank=1", "debug.crash_step=3",
+                                   "timeout_s=60", f"out={tmp_path}/crash"])
+    t0 = time.monotonic()
+    with pytest.raises(WorkerDied) as e:
+        train(cfg, ref)
+    elapsed = time.monotonic() - t0
+    assert str(e.value) == (f"strategy=distributed-ps: process rank 1 of 2 died (exit code 17); stopped the other 1 "
+                            f"(logs in {tmp_path}/crash/logs)")
+    assert elapsed < 20  # the launcher's watchdog, not the 60 s collective timeout
+    rows = [json.loads(x) for x in open(tmp_path / "crash" / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2]
+
+
+@needs_mpi
+def test_dying_mpi_rank_cli_exits_2_one_line(runner, tmp_path):
+    import subprocess
+    import sys
+
+    data = runner("strategy=single").out / "data"
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "torchref", "train", *BASE, "strategy=horovod", "workers=2",
+                        "debug.crash_rank=0", "debug.crash_step=2", f"data={data}", f"out={tmp_path}/crash"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("error: strategy=horovod: an MPI rank died (mpiexec exit code ")
+    assert lines[0].endswith(f"unfinished ranks [0, 1]); mpiexec stopped the others (logs in {tmp_path}/crash/logs)")
+    assert time.monotonic() - t0 < 240
