@@ -1,0 +1,234 @@
+"""jaxpar train step vs HF transformers GPT2LMHeadModel (eager and torch.compile), one device.
+
+Same GPT-2 config, same batch (B, T), same weights, same optimizer on both sides, fp32 and
+bf16 (jaxpar `precision=bf16` policy; torch.autocast(bfloat16) for torch). One timed step is a
+full train step: forward + backward + global-norm clip + AdamW update, synchronised at the end
+(`block_until_ready` / the loss `.item()`).
+
+Fairness rules:
+  * torch uses as many intra-op threads as JAX's CPU client (all cores by default, `--threads`);
+  * warm-up steps (compilation included) are excluded;
+  * the contenders are interleaved: round r times one step of every contender in turn, so
+    machine noise (other jobs on a shared box) hits all of them alike; we report the median
+    and the spread (p10/p90 over rounds) per contender;
+  * the ratio is `torch_time / jaxpar_time` (> 1: jaxpar is faster).
+
+Default config (state it in reports): 6 layers, n_embd 384, 6 heads, vocab 50257 (GPT-2's BPE),
+seq 256, batch 8. All flags override it, e.g. a micro run:
+
+    python benchmarks/single_device.py --n-layer 1 --n-embd 64 --n-head 2 --vocab 256 --seq 32 --batch 2 \
+        --rounds 3 --out /tmp/sd.json
+
+Writes JSON (default benchmarks/results/single_device.json) and prints a ratio table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+IMPLS = ("jaxpar", "torch_eager", "torch_compile")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n-layer", type=int, default=6)
+    p.add_argument("--n-embd", type=int, default=384)
+    p.add_argument("--n-head", type=int, default=6)
+    p.add_argument("--vocab", type=int, default=50257)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--precisions", default="fp32,bf16", help="comma list of fp32,bf16")
+    p.add_argument("--impls", default=",".join(IMPLS), help="comma list of " + ",".join(IMPLS))
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per contender (after compile)")
+    p.add_argument("--rounds", type=int, default=5, help="timed steps per contender (interleaved)")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0: os.cpu_count() (JAX's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                 "single_device.json"))
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- contenders
+# Each contender is a callable `step()` that runs one full train step and blocks until done.
+
+
+def make_jaxpar(cfg, params, inputs, targets):
+    """The real jaxpar step (`build_trainer`: jit, donated state) on a 1-device mesh."""
+    import jax
+
+    from jaxpar.train import build_trainer
+
+    trainer = build_trainer(cfg, None)
+    state = {"s": trainer.init_state(params)}
+    x, y = trainer.put_batch(inputs), trainer.put_batch(targets)
+
+    def step():
+        state["s"], m = trainer.step_fn(state["s"], x, y)
+        jax.block_until_ready(m["loss"])
+        return float(m["loss"])
+
+    return step
+
+
+def make_torch(cfg, sd, inputs, targets, precision: str, compiled: bool):
+    """HF GPT2LMHeadModel + torch AdamW (foreach, two param groups as jaxpar's decay mask) +
+    clip_grad_norm_; logits upcast to fp32 before the loss, as jaxpar's policy does."""
+    import torch
+    import torch.nn.functional as F
+
+    from jaxpar.models.hf import hf_config_dict
+    from torchref.model import build_model, decays
+
+    model = build_model(hf_config_dict(cfg.model), sd)
+    tc = cfg.train
+    named = list(model.named_parameters())
+    groups = [{"params": [p for n, p in named if decays(n)], "weight_decay": tc.weight_decay},
+              {"params": [p for n, p in named if not decays(n)], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), eps=tc.eps, foreach=True)
+    x = torch.from_numpy(inputs.astype(np.int64))
+    y = torch.from_numpy(targets.astype(np.int64))
+    V = cfg.model.vocab_size
+
+    def loss_of(x, y):
+        logits = model(input_ids=x).logits  # (B, T, V)
+        return F.cross_entropy(logits.float().view(-1, V), y.view(-1))
+
+    fwd = torch.compile(loss_of) if compiled else loss_of
+    bf16 = precision == "bf16"
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = fwd(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss.item())
+
+    return step
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    precisions = [s for s in args.precisions.split(",") if s]
+    impls = [s for s in args.impls.split(",") if s]
+    for s in precisions:
+        assert s in ("fp32", "bf16"), s
+    for s in impls:
+        assert s in IMPLS, s
+
+    import jax
+    import torch
+
+    threads = args.threads or os.cpu_count()
+    torch.set_num_threads(threads)
+
+    from jaxpar.config import Config, ModelConfig, TrainConfig
+    from jaxpar.models.gpt2 import flops_per_token, init_params
+    from jaxpar.models.hf import to_hf_state_dict
+
+    mc = ModelConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, vocab_size=args.vocab,
+                     n_positions=max(args.seq, 1024))
+    # Constant lr (no warmup): both sides do the identical AdamW arithmetic every step.
+    tc = TrainConfig(batch_size=args.batch, seq_len=args.seq, warmup_steps=0, steps=10**6, min_lr_ratio=1.0)
+    params = init_params(mc, args.seed)
+    sd = to_hf_state_dict(mc, params)
+    rng = np.random.default_rng(args.seed)
+    toks = rng.integers(0, args.vocab, size=(args.batch, args.seq + 1), dtype=np.int64).astype(np.int32)
+    inputs, targets = toks[:, :-1], toks[:, 1:]
+
+    contenders: dict[str, object] = {}
+    compile_s: dict[str, float] = {}
+    first_loss: dict[str, float] = {}
+    for prec in precisions:
+        cfg = Config(model=mc, train=tc, precision=prec, seed=args.seed)
+        for impl in impls:
+            name = f"{impl}/{prec}"
+            t0 = time.perf_counter()
+            if impl == "jaxpar":
+                step = make_jaxpar(cfg, params, inputs, targets)
+            else:
+                step = make_torch(cfg, sd, inputs, targets, prec, compiled=impl == "torch_compile")
+            first_loss[name] = step()  # compiles
+            compile_s[name] = time.perf_counter() - t0
+            for _ in range(args.warmup):
+                step()
+            contenders[name] = step
+            print(f"[warm] {name}: first step (incl. compile) {compile_s[name]:.1f}s, loss {first_loss[name]:.4f}",
+                  file=sys.stderr, flush=True)
+
+    times: dict[str, list[float]] = {n: [] for n in contenders}
+    for r in range(args.rounds):
+        # Rotate the start so no contender always runs right after the same neighbour.
+        names = list(contenders)
+        names = names[r % len(names):] + names[: r % len(names)]
+        for n in names:
+            t0 = time.perf_counter()
+            contenders[n]()
+            times[n].append(time.perf_counter() - t0)
+
+    tokens = args.batch * args.seq
+    fpt = flops_per_token(mc, args.seq)
+    results = {}
+    for n, ts in times.items():
+        med = statistics.median(ts)
+        q = np.percentile(ts, [10, 90]) if len(ts) > 1 else (ts[0], ts[0])
+        results[n] = {"median_s": med, "p10_s": float(q[0]), "p90_s": float(q[1]), "times_s": ts,
+                      "tokens_per_s": tokens / med, "gflops_per_s": fpt * tokens / med / 1e9,
+                      "first_step_s": compile_s[n], "first_loss": first_loss[n]}
+    ratios = {}
+    for prec in precisions:
+        j = results.get(f"jaxpar/{prec}")
+        for impl in impls:
+            if impl != "jaxpar" and j and f"{impl}/{prec}" in results:
+                ratios[f"{prec}/vs_{impl}"] = results[f"{impl}/{prec}"]["median_s"] / j["median_s"]
+
+    report = {
+        "config": {"n_layer": mc.n_layer, "n_embd": mc.n_embd, "n_head": mc.n_head, "vocab_size": mc.vocab_size,
+                   "seq_len": args.seq, "batch": args.batch, "tokens_per_step": tokens,
+                   "flops_per_token": fpt, "warmup": args.warmup, "rounds": args.rounds},
+        "env": {"jax": jax.__version__, "torch": torch.__version__, "threads": threads,
+                "cpu_count": os.cpu_count(), "jax_devices": str(jax.devices()), "platform": platform.platform(),
+                "xla_flags": os.environ.get("XLA_FLAGS", ""), "loadavg": os.getloadavg()},
+        "results": results,
+        "ratios": ratios,  # torch median / jaxpar median: > 1 means jaxpar is faster
+    }
+    print_table(report, precisions, impls)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {args.out}")
+    return report
+
+
+def print_table(report, precisions, impls):
+    c = report["config"]
+    print(f"GPT-2 L={c['n_layer']} D={c['n_embd']} H={c['n_head']} V={c['vocab_size']} B={c['batch']} "
+          f"T={c['seq_len']}; median of {c['rounds']} interleaved steps; threads={report['env']['threads']}")
+    print(f"{'contender':<22}{'median s':>10}{'p10':>8}{'p90':>8}{'tok/s':>9}{'GFLOP/s':>9}{'jaxpar x':>10}")
+    for prec in precisions:
+        for impl in impls:
+            n = f"{impl}/{prec}"
+            if n not in report["results"]:
+                continue
+            r = report["results"][n]
+            ratio = "" if impl == "jaxpar" else f"{report['ratios'].get(f'{prec}/vs_{impl}', float('nan')):.2f}x"
+            print(f"{n:<22}{r['median_s']:>10.3f}{r['p10_s']:>8.3f}{r['p90_s']:>8.3f}{r['tokens_per_s']:>9.0f}"
+                  f"{r['gflops_per_s']:>9.1f}{ratio:>10}")
+    print("jaxpar x = torch median / jaxpar median (> 1: jaxpar faster)")
+
+
+if __name__ == "__main__":
+    main()
