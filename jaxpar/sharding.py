@@ -13,7 +13,8 @@ What each strategy means for GPT-2 (shapes in `jaxpar.models.gpt2`):
 * data (DP): every parameter replicated; the batch dim split over `data` (and `fsdp`);
   gradients all-reduced over the batch axes once per step (2(N-1)/N·Ψ per device, ring).
 * fsdp (ZeRO-3): every parameter, hence its gradient and both AdamW moments, split on its
-  `embed` dim over `fsdp` (every GPT-2 tensor has one, so memory is Ψ/N per device). The
+  `embed` dim over `fsdp` (all but c_attn.bias and c_fc.bias, 0.05% of gpt2, which have
+  no embed dim and stay whole; memory is ~Ψ/N per device). The
   blocks are scanned, so the compiler all-gathers one layer's weights inside the loop
   (forward, and again in backward) and reduce-scatters its gradient: 3(N-1)/N·Ψ per device.
 * tensor (Megatron): `heads` and `mlp` over `tensor` make c_attn / c_fc column-parallel and

@@ -1,0 +1,150 @@
+"""Mesh utilities: validation messages, -1 fill, axis types, describe, cluster detection,
+per-process device emulation, launch argument errors, and one-line CLI errors (exit 2)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+from jax.sharding import AxisType
+
+from jaxpar import launch
+from jaxpar import mesh as M
+from jaxpar.config import PRESETS, Config, ConfigError, MeshConfig, TrainConfig
+from jaxpar.train import check_model_vs_mesh
+
+
+def test_resolve_fills_wildcard():
+    assert M.resolve_mesh_config(MeshConfig(data=-1, tensor=2), 8) == MeshConfig(data=4, tensor=2)
+    assert M.resolve_mesh_config(MeshConfig(fsdp=-1), 1) == MeshConfig()
+
+
+@pytest.mark.parametrize("mc,n,msg", [
+    (MeshConfig(data=2, tensor=2), 8,
+     "mesh data=2×fsdp=1×tensor=2×pipe=1 needs 4 devices but 8 are available "
+     "(the product of mesh sizes must equal the device count)"),
+    (MeshConfig(data=16), 8,
+     "mesh data=16×fsdp=1×tensor=1×pipe=1 needs 16 devices but 8 are available "
+     "(the product of mesh sizes must equal the device count)"),
+    (MeshConfig(data=-1, tensor=3), 8,
+     "mesh data=-1×fsdp=1×tensor=3×pipe=1: 8 devices are not divisible by the product of the other axes (3)"),
+    (MeshConfig(data=-1, fsdp=-1), 8, "at most one mesh axis may be -1 (got mesh data=-1×fsdp=-1×tensor=1×pipe=1)"),
+    (MeshConfig(tensor=0), 8, "mesh sizes must be positive or -1 (got tensor=0)"),
+])
+def test_resolve_errors_are_one_line_and_name_values(mc, n, msg):
+    with pytest.raises(ConfigError) as e:
+        M.resolve_mesh_config(mc, n)
+    assert str(e.value) == msg
+
+
+def test_build_mesh_refuses_a_silent_subset_and_uses_auto_axes():
+    devs = jax.devices()[:1]
+    with pytest.raises(ConfigError, match="needs 2 devices but 1 are available"):
+        M.build_mesh(MeshConfig(data=2), devs)
+    m = M.build_mesh(MeshConfig(data=-1), devs)
+    assert m.axis_names == ("data", "fsdp", "tensor", "pipe")
+    assert dict(m.shape) == {"data": 1, "fsdp": 1, "tensor": 1, "pipe": 1}
+    assert tuple(m.axis_types) == (AxisType.Auto,) * 4
+
+
+def test_describe_prints_grid_with_process_ids():
+    m = M.build_mesh(MeshConfig(), jax.devices()[:1])
+    text = M.describe(m)
+    lines = text.splitlines()
+    assert lines[0] == "mesh: data=1×fsdp=1×tensor=1×pipe=1 = 1 devices, axis types Auto"
+    assert "processes: 1 (this is process 0)" in lines[1]
+    assert lines[-1].split() == ["[data=0,fsdp=0]", f"{jax.devices()[0].id}@p0"]
+
+
+def test_logical_sharding_helpers():
+    m = M.build_mesh(MeshConfig(), jax.devices()[:1])
+    sh = M.logical_sharding(m, ("batch", "seq", "embed"), {"batch": ("data", "fsdp"), "embed": "tensor"})
+    assert sh.spec == jax.sharding.PartitionSpec(("data", "fsdp"), None, "tensor")
+
+
+@pytest.mark.parametrize("env,expect", [
+    ({}, None),
+    ({"JAXPAR_COORDINATOR": "127.0.0.1:1234", "JAXPAR_NUM_PROCESSES": "2", "JAXPAR_PROCESS_ID": "1"},
+     {"method": "jaxpar", "num_processes": 2, "process_id": 1}),
+    ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_PROCID": "3", "SLURM_STEP_NODELIST": "n[1-2]"},
+     {"method": "slurm", "num_processes": 4, "process_id": 3}),
+    ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_STEP_NODELIST": "n1"}, None),
+    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}, {"method": "ompi", "num_processes": 2, "process_id": 0}),
+    ({"PMI_SIZE": "2", "PMI_RANK": "1"}, {"method": "mpi4py", "num_processes": 2, "process_id": 1}),
+    ({"PMI_SIZE": "1", "PMI_RANK": "0"}, None),
+])
+def test_detect_cluster(env, expect):
+    assert M.detect_cluster(env) == expect
+
+
+def test_emulate_devices_per_process(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=8")
+    assert M.emulate_devices_for(MeshConfig(data=2, tensor=2), {"PMI_SIZE": "2", "XLA_FLAGS": ""}) == 2
+    assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=2"
+    with pytest.raises(ConfigError, match=r"\(3 devices\) cannot be split evenly over 2 processes"):
+        M.emulate_devices_for(MeshConfig(data=3), {"PMI_SIZE": "2"})
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["nprocs=2", "train"], "launch needs `--` before the command, e.g. jaxpar launch nprocs=2 -- train ..."),
+    (["nprocs=0", "--", "train"], "launch: nprocs=0 must be >= 1"),
+    (["procs=2", "--", "train"], "launch: unknown argument 'procs=2' (valid: nprocs=N, port=P, grace=SECONDS)"),
+    (["nprocs=2", "--"], "launch: no command after `--`"),
+])
+def test_launch_argument_errors(argv, msg):
+    with pytest.raises(ConfigError) as e:
+        launch.parse(argv)
+    assert str(e.value) == msg
+
+
+def _cfg(**mesh):
+    return Config(model=PRESETS["gpt2-tiny"], mesh=MeshConfig(**mesh), train=TrainConfig(batch_size=8, seq_len=32))
+
+
+@pytest.mark.parametrize("cfg,msg", [
+    (_cfg(tensor=3), "model.n_head=4 is not divisible by mesh.tensor=3"),
+    (Config(model=PRESETS["gpt2"], mesh=MeshConfig(tensor=2)), "model.vocab_size=50257 is not divisible by mesh.tensor=2"),
+    (_cfg(data=4, fsdp=4), "train.batch_size=8 is not divisible by mesh.data×mesh.fsdp×train.grad_accum=4×4×1"),
+    (_cfg(fsdp=3), "model.n_embd=128 is not divisible by mesh.fsdp=3"),
+])
+def test_model_mesh_divisibility_errors(cfg, msg):
+    with pytest.raises(ConfigError) as e:
+        check_model_vs_mesh(cfg.model, cfg)
+    assert str(e.value) == msg
+
+
+def _cli(*args, env_extra=None):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "jaxpar.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("args,line", [
+    (["train", "model=gpt2-tiny", "mesh.foo=2"],
+     "error: unknown key 'mesh.foo' (valid: mesh.data, mesh.fsdp, mesh.tensor, mesh.pipe)"),
+    (["train", "model=gpt2-tiny", "mesh.tensor=3", "train.seq_len=32"],
+     "error: model.n_head=4 is not divisible by mesh.tensor=3"),
+    (["inspect", "model=gpt2-tiny", "mesh.data=4", "train.batch_size=6", "train.seq_len=32"],
+     "error: train.batch_size=6 is not divisible by mesh.data×mesh.fsdp×train.grad_accum=4×1×1"),
+    (["launch", "nprocs=2", "--", "train", "model=gpt2-tiny", "mesh.data=3"],
+     "error: mesh data=3×fsdp=1×tensor=1×pipe=1 (3 devices) cannot be split evenly over 2 processes"),
+])
+def test_cli_errors_exit_2_with_one_line(args, line):
+    r = _cli(*args)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert line in err, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_mesh_command_prints_resolved_mesh():
+    r = _cli("mesh", "mesh.data=2", "mesh.tensor=-1", env_extra={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert out[0] == "mesh: data=2×fsdp=1×tensor=2×pipe=1 = 4 devices, axis types Auto"
+    assert out[-2:] == ["  [data=0,fsdp=0]  0@p0 1@p0", "  [data=1,fsdp=0]  2@p0 3@p0"]
