@@ -129,6 +129,15 @@ def run_train(cfg: Config) -> int:
     def save(step):
         ckpt.save(step, state, {"step": step, "seed": cfg.seed})
 
+    if jax.process_count() > 1:
+        # Compile before the first collective runs, then line the processes up: gloo gives a
+        # peer only 30 s to join a collective's first use, and compile times differ per process.
+        x, y = data_lib.train_batch(ds, tc.seq_len, tc.batch_size, cfg.seed, start)
+        trainer.step_fn.lower(state, trainer.put_batch(x), trainer.put_batch(y)).compile()
+        from jaxpar.mesh import barrier
+
+        barrier("jaxpar:first-step")
+
     stopped = None
     with _StopFlag() as stop:
         for step in range(start, tc.steps):
