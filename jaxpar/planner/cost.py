@@ -173,31 +173,45 @@ def axis_bandwidths(dev: DeviceSpec, s: Strategy) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- activations
 
+# Residuals jaxpar's GPT-2 block saves for backward, per T·b·D elements, counted with
+# jax.ad_checkpoint.print_saved_residuals (see README): Korthikanti et al. count 34 bytes for
+# Megatron's fused kernels; XLA autodiff of our block also keeps the fp32 LayerNorm
+# intermediates (x-mean, normalised x: 6 fp32 tensors) and the tanh-GELU pieces (6 tensors
+# of 4D instead of 2).
+REP_UNITS = 2  # compute dtype: ln outputs / residual, replicated over tensor
+LN32_UNITS = 6  # fp32 LayerNorm intermediates, replicated over tensor
+QKVO_UNITS = 4  # q, k, v, attention output (split over tensor)
+MLP_UNITS = 24  # c_fc out + GELU intermediates, 6 × 4D (split over tensor)
+
 
 def layer_activation_bytes(w: Workload, b: float, t: int, remat: str, mlp_chunks: int) -> tuple[float, float]:
-    """(saved bytes, full bytes) of one layer for one microbatch of b rows on one device.
-    `full` is what the layer holds live while it runs forward/backward (its recompute peak)."""
+    """(saved, live) bytes of one layer for one microbatch of b rows on one device.
+
+    saved = T·b·D·(cb·(2 + 28/t) + 4·6) + N·T²·b/t·(4 + cb)        (remat=none)
+    The T² term is the fp32 masked scores/probs plus the compute-dtype probs (in fp32 both are
+    fp32); flash attention keeps only the fp32 row statistics N·T·b/t·8 instead. selective
+    drops the T² term, mlp_chunks > 1 drops the MLP units (both recomputed), full keeps only the
+    block input T·b·D·cb. `live` is everything the layer holds while it runs (recompute peak)."""
     T, D, N, cb = w.seq_len, w.model.n_embd, w.model.n_head, w.cb
-    rep = T * b * D * cb * 4  # x, ln_1 out, residual, ln_2 out (replicated over t)
-    qkvo = T * b * D * cb * 4 / t  # q, k, v, attention output
-    mlp = T * b * D * cb * 8 / t  # fc out + gelu out (4D each)
-    if w.attention == "flash":
-        attn = N * T * b / t * 4
-    else:
-        attn = N * T * T * b / t * (4 + (cb if cb != 4 else 0))
-    full = rep + qkvo + mlp + attn
+    sbh = T * b * D
+    rep = sbh * (REP_UNITS * cb + LN32_UNITS * 4)
+    qkvo = sbh * QKVO_UNITS * cb / t
+    mlp = sbh * MLP_UNITS * cb / t
+    attn = N * T * b / t * 8 if w.attention == "flash" else N * T * T * b / t * (4 + cb)
+    live = rep + qkvo + mlp + attn
     if remat == "full":
-        return T * b * D * cb, full
+        return sbh * cb, live
     saved = rep + qkvo + (mlp if mlp_chunks == 1 else 0.0) + (attn if remat == "none" else 0.0)
-    return saved, full
+    return saved, live
 
 
 # ----------------------------------------------------------------------------- the estimate
 
 
 @functools.lru_cache(maxsize=4096)
-def _pipeline_split(n_layer: int, S: int, first: float, last: float) -> tuple[int, ...]:
-    return partition_layers([1.0] * n_layer, S, first, last)
+def _pipeline_split(n_layer: int, V: int) -> tuple[int, ...]:
+    # pipeline.py runs embedding and head outside the stages, so stage costs are the layers only
+    return partition_layers([1.0] * n_layer, V)
 
 
 def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | None = None) -> Estimate:
@@ -209,7 +223,9 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     sharded = {g: (f > 1 and g not in s.replicated) for g in GROUPS}
     el = group_elems(m, t, f, sharded)
     full = _full_elems(m, t)  # per-device elements before fsdp sharding
-    b = w.batch_size / (d * f * M)  # rows per device per microbatch
+    full_layer = full["attn"] + full["mlp"]
+    b_rep = w.batch_size / (d * f)  # rows per data replica
+    b = b_rep / M  # rows per device per microbatch
 
     # --- FLOPs (per device, per microbatch): forward of one layer and of the head
     fl_layer = 24 * T * b * D * D / t + 4 * T * T * b * D / t
@@ -226,42 +242,46 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     eff = dev.efficiency * rows / (rows + 256) * cols / (cols + 128)
     sec = 1.0 / (peak * eff)
 
-    # --- pipeline split: layers per stage (GPipe: DP partition with head/embed extras)
+    saved, live = layer_activation_bytes(w, b, t, s.remat, s.mlp_chunks)
+    unit = T * b * D * cb  # one (b, T, D) activation in the compute dtype
     if S > 1:
-        if R == 1:
-            lps = _pipeline_split(L, S, 0.0, round(fl_head_train / fl_layer_train, 6))
-            iter_flops = max(max(lps[:-1]) * fl_layer_train, lps[-1] * fl_layer_train + fl_head_train)
-            layers_dev = max(lps)
-        else:  # circular: S·R equal chunks; device S-1 also runs the head on its last chunk
-            layers_dev = L // S
-            lps = tuple([L // (S * R)] * (S * R))
-            iter_flops = L // (S * R) * fl_layer_train + fl_head_train
-        iters = R * M + S - 1
-        compute = iters * iter_flops * sec
-        bubble = (S - 1) / iters
+        # pipeline.py: S·R virtual stages, padded to the largest (lmax layers); one scan of
+        # N = (R-1)·max(M, S) + M + S - 1 iterations, each stage recomputed in backward.
+        lps = _pipeline_split(L, S * R)
+        lmax = max(lps)
+        iters = (R - 1) * max(M, S) + M + S - 1
+        uniform = len(set(lps)) == 1
+        layers_state = L / S if uniform else L  # non-uniform: stored `layers` dim replicated over pipe
+        layers_run = iters * lmax
+        head_rows_share = 1.0 / S  # embedding and head run outside, batch split over pipe too
+        compute = (layers_run * fl_layer_train + M * fl_head_train * head_rows_share) * sec
+        bubble = 1.0 - R * M / iters
+        acts = (iters + (M if M > S else 0)) * unit + lmax * saved + (live if s.remat == "full" else 0.0)
+        acts += 2 * M * unit  # embedded inputs gathered over pipe + broadcast outputs (b_rep rows)
+        passes = 1  # fsdp gathers / grad reductions happen once per step, outside the scan
     else:
-        lps, layers_dev, iters, bubble = (), L, M, 0.0
+        lps, layers_state, iters, bubble = (), L, M, 0.0
+        layers_run, head_rows_share = M * L, 1.0
         compute = M * (L * fl_layer_train + fl_head_train) * sec
-    chunk_layers = L // (S * R) if S > 1 and R > 1 else layers_dev
+        acts = L * saved + (live if s.remat == "full" else 0.0)
+        passes = M  # train.py's accumulation scan: each microbatch gathers and reduces
+    if s.remat == "none" and w.precision == "bf16":
+        acts += layers_state * (el["attn"] + el["mlp"] - 13 * D / t) * cb  # saved compute-dtype weight casts
 
     # --- memory (bytes)
-    layer_el = el["attn"] + el["mlp"]
-    n_el = el["embed"] + layers_dev * layer_el
+    n_el = el["embed"] + layers_state * (el["attn"] + el["mlp"])
     mem = {"params": 4 * n_el, "grads": 4 * n_el * (2 if M > 1 else 1), "optimizer": 8 * n_el}
-    saved, live = layer_activation_bytes(w, b, t, s.remat, s.mlp_chunks)
-    if S > 1:
-        # stage inputs of every iteration, then one chunk re-run for one microbatch
-        acts = iters * T * b * D * cb + chunk_layers * saved + (live if s.remat == "full" else 0.0)
-    else:
-        acts = L * saved + (live if s.remat == "full" else 0.0)
-    head = 2 * T * b * V * 4 / t / s.vocab_chunks  # fp32 logits/log-probs + their gradient
-    gathered = 2 * (full["attn"] + full["mlp"]) * cb  # one layer's compute-dtype weights, double-buffered
-    grad_ws = 4 * max(full["attn"] + full["mlp"] if f > 1 else 0.0, 0.0)  # unsharded layer grads pre reduce-scatter
-    bwd_ws = live if s.remat != "full" else 0.0  # gradients of one layer's activations
+    head = 3 * T * b * V * 4 / t / s.vocab_chunks * (M * head_rows_share if S > 1 else 1)
+    tmp = head + live * (1 if s.remat != "full" else 0)  # logits/log-probs/grad + one layer's activation grads
+    if f > 1:
+        zero_layers = (R * lmax if S > 1 else 2) * sum(full[g] for g in ("attn", "mlp") if sharded[g])
+        tmp += 4 * zero_layers * (2 if S > 1 else 1)  # gathered fp32 weights (+ their unsharded grads in a pipeline)
+    if S > 1 and R > 1:
+        tmp += 4 * (L / S) * full_layer  # circular re-layout moves a copy of the stage's block params
     if s.mlp_chunks > 1:
-        bwd_ws -= T * b * D * cb * 8 / t * (1 - 1 / s.mlp_chunks)
+        tmp -= T * b * D * cb * MLP_UNITS / t * (1 - 1 / s.mlp_chunks)
     mem["activations"] = acts
-    mem["temporaries"] = head + gathered + grad_ws + bwd_ws
+    mem["temporaries"] = tmp
     mem["total"] = sum(mem.values())
 
     # --- communication: seconds on the critical path and bytes per collective kind
@@ -273,36 +293,37 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         cbytes[kind] += res[1] * times
 
     bws = axis_bandwidths(dev, s)
-    layers_run = iters * (chunk_layers if S > 1 else L)  # layer executions per step on this device
     if t > 1:
-        bw = bws["tensor"]
         n_ar = 4 + 2 * extra_fwd  # Megatron: 2 fwd + 2 bwd all-reduces per layer (+2 per re-forward)
-        add("all-reduce", "tensor", all_reduce(t, T * b * D * cb, alpha, bw), layers_run * n_ar + 2 * M)
+        add("all-reduce", "tensor", all_reduce(t, unit, alpha, bws["tensor"]), layers_run * n_ar)
+        add("all-reduce", "tensor", all_reduce(t, unit * head_rows_share, alpha, bws["tensor"]), 2 * M)
+    rs_kind = "reduce-scatter" if dev.reduce_scatter else "all-reduce"  # XLA:CPU lowers RS to AR
+    rs_fn = all_gather if dev.reduce_scatter else all_reduce
     if f > 1:
-        bw = bws["fsdp"]
         for g in GROUPS:
             if not sharded[g]:
                 continue
-            n = full[g] * (1 if g == "embed" else layers_dev)
-            # ZeRO-3 per microbatch: gather fp32 weights for forward and backward, scatter grads.
-            add("all-gather", "fsdp", all_gather(f, 4 * n, alpha, bw), 2 * M)
-            add("reduce-scatter", "fsdp", all_gather(f, 4 * n, alpha, bw), M)
-    # data-parallel gradient reduction: sharded groups over data, replicated ones over data·fsdp
-    reduce_times = M if S == 1 else 1  # train.py's accumulation scan reduces per microbatch
+            layers = 1 if g == "embed" else (R * lmax if S > 1 else L)
+            n = full[g] * layers
+            # ZeRO-3: gather weights for forward (+ again for backward, blocks only, no pipeline),
+            # reduce-scatter grads; per microbatch without a pipeline, once per step with one.
+            gathers = 1 if (g == "embed" or S > 1) else 2
+            add("all-gather", "fsdp", all_gather(f, 4 * n, alpha, bws["fsdp"]), gathers * passes)
+            add(rs_kind, "fsdp", rs_fn(f, 4 * n, alpha, bws["fsdp"]), passes)
+    # data-parallel gradient reduction: sharded groups over data, replicated ones over data·fsdp;
+    # the embedding's rows are also split over pipe; the tied wte is reduced for lookup and head.
     for g in GROUPS:
-        n = (full[g] if g == "embed" else full[g] * layers_dev)
-        if sharded[g]:
-            if d > 1:
-                add("all-reduce", "data", all_reduce(d, 4 * n / f, alpha, bws["data"]),
-                    reduce_times)
-        elif d * f > 1:
-            ax = "data" if d > 1 else "fsdp"
-            bw = min(bws["data"], bws["fsdp"])
-            add("all-reduce", ax, all_reduce(d * f, 4 * n, alpha, bw), reduce_times)
+        n = full[g] if g == "embed" else full[g] * (R * lmax if S > 1 else L)
+        if g == "embed" and not sharded[g]:
+            n += V * D / t
+        n_red = (d if sharded[g] else d * f) * (S if g == "embed" else 1)
+        bw = bws["data"] if d > 1 else bws["fsdp"] if not sharded[g] else bws["pipe"]
+        add("all-reduce", "data", all_reduce(n_red, 4 * n / (f if sharded[g] else 1), alpha, bw), passes)
     if S > 1:
         bw = bws["pipe"]
-        add("ppermute", "pipe", ppermute(T * b * D * cb, alpha, bw), 2 * iters)
-        add("all-reduce", "pipe", all_reduce(S, 4 * el["embed"], alpha, bw))  # tied embedding grads
+        add("ppermute", "pipe", ppermute(unit, alpha, bw), 2 * iters)
+        add("all-gather", "pipe", all_gather(S, M * unit, alpha, bw), 2)  # embedded inputs to every stage
+        add("all-reduce", "pipe", all_reduce(S, M * unit, alpha, bw), 2)  # last stage's outputs back
 
     hidden = dev.overlap
     step = compute + comm["tensor"] + comm["pipe"] + (1 - hidden) * (comm["fsdp"] + comm["data"])
