@@ -1,0 +1,59 @@
+"""`examples/05_six_strategies.sh` (torchref compare): every strategy at 2 workers, the table,
+the JSON and the plot; the numbers in them checked against `single` and the analytic volumes.
+This is also where horovod (algorithm=mpi) and horovod-amp at 2 workers are checked in the
+default test run (test_torchref_strategies covers the ring algorithm and 4 workers)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from torchref.tolerances import LOSS_RTOL_AMP, LOSS_RTOL_FP32
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs mpiexec (pip install mpich)")
+def test_example_six_strategies(tmp_path):
+    out = tmp_path / "cmp"
+    r = subprocess.run(["bash", str(ROOT / "examples" / "05_six_strategies.sh"), str(out), "train.steps=3",
+                        "train.seq_len=32"], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                       env=dict(os.environ, PYTHON=sys.executable))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"plot:             {out}/compare.png" in r.stdout
+    doc = json.loads((out / "compare.json").read_text())
+    rows = {(x["strategy"], x["workers"]): x for x in doc["rows"]}
+    assert list(rows) == [("single", 1), ("single-ps", 2), ("distributed-ps", 2), ("horovod", 2),
+                          ("distributed-ps-amp", 2), ("horovod-amp", 2)]
+    single = rows["single", 1]
+    psi = single["param_bytes"]
+    assert psi == 1_849_344
+    base = np.array(single["losses"])
+    assert len(base) == 3
+    for (s, n), x in rows.items():
+        rel = np.max(np.abs(np.array(x["losses"]) - base) / base)
+        assert rel <= (LOSS_RTOL_AMP if s.endswith("-amp") else LOSS_RTOL_FP32), (s, rel)
+        assert x["speedup"] == pytest.approx(x["tokens_per_s"] / single["tokens_per_s"])
+        assert x["efficiency"] == pytest.approx(x["speedup"] / n)
+        assert x["peak_rss_mb"] > 50
+        if s == "single":
+            assert x["worker_bytes_per_step"] == 0
+        elif s == "single-ps":
+            assert x["worker_bytes_per_step"] == 2 * psi  # Psi up + Psi down
+            assert x["server_bytes_per_step"] == 2 * psi * n
+        else:
+            assert x["worker_bytes_per_step"] == 2 * (2 * (n - 1) * psi // n)  # ring, sent + received
+            assert x["server_bytes_per_step"] is None
+    md = (out / "compare.md").read_text()
+    assert ("| strategy | N | tokens/s | speed-up | efficiency | step time (s) | peak RSS/proc (MB) | "
+            "bytes/step/worker | bytes/step at server | final loss |") in md
+    assert md.count("\n| ") == 7  # header + 6 strategies
+    png = (out / "compare.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    for (s, n) in rows:
+        assert (out / f"{s}-w{n}" / "hf" / "model.safetensors").is_file()
