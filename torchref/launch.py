@@ -165,6 +165,12 @@ def run_mpi(job, world: int) -> None:
                          f"{died}); mpiexec stopped the others (logs in {job.out}/logs)")
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def train(cfg: Config, ref: RefConfig) -> dict:
     """Run one strategy end to end; returns the run summary (also written to <out>/summary.json)."""
     from torchref import strategies
@@ -172,6 +178,8 @@ def train(cfg: Config, ref: RefConfig) -> dict:
     strategy = strategies.get(ref.strategy)
     if strategy.launcher == "mpi":
         check_mpi()
+    if ref.ps.async_ and (ref.backend == "nccl" or (ref.backend == "auto" and _cuda())):
+        raise ConfigError("ps.async=true needs backend=gloo (NCCL cannot receive from any source)")
     if strategy.launcher == "fork":
         # Import once here so every forked rank starts warm (the transformers import is ~7 s).
         import transformers.models.gpt2.modeling_gpt2  # noqa: F401

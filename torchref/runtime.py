@@ -52,6 +52,14 @@ class Context:
         self.ds = Dataset.open(job.data_dir, job.cfg.model.vocab_size, job.cfg.train.seq_len)
         torch.set_num_threads(int(os.environ.get("TORCHREF_THREADS", "1")))
         torch.manual_seed(job.cfg.seed)
+        # One GPU per process when CUDA is present (NCCL); the CPU otherwise (gloo).
+        self.backend = job.ref.backend if job.ref.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
+        on_gpu = torch.cuda.is_available() and (self.backend == "nccl" or job.ref.strategy.startswith("horovod"))
+        if on_gpu:
+            self.device = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
 
     # ---------------------------------------------------------------- data
     def global_batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -65,7 +73,8 @@ class Context:
         x, y = self.global_batch(step)
         b = self.t.batch_size // n
         sl = slice(worker * b, (worker + 1) * b)
-        return torch.from_numpy(x[sl].astype(np.int64)), torch.from_numpy(y[sl].astype(np.int64))
+        return (torch.from_numpy(x[sl].astype(np.int64)).to(self.device),
+                torch.from_numpy(y[sl].astype(np.int64)).to(self.device))
 
     def hf_config(self) -> dict:
         with open(os.path.join(self.job.init_dir, "config.json")) as f:
@@ -86,10 +95,7 @@ class Context:
     def init_process_group(self) -> None:
         import torch.distributed as dist
 
-        backend = self.ref.backend
-        if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{self.job.port}", rank=self.rank,
+        dist.init_process_group(self.backend, init_method=f"tcp://127.0.0.1:{self.job.port}", rank=self.rank,
                                 world_size=self.world, timeout=datetime.timedelta(seconds=self.ref.timeout_s))
 
     def amp_context(self):
@@ -99,12 +105,12 @@ class Context:
         if not self.ref.is_amp:
             return contextlib.nullcontext()
         dtype = torch.bfloat16 if self.ref.amp.dtype == "bf16" else torch.float16
-        return torch.autocast(device_type="cpu", dtype=dtype)
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
 
     def grad_scaler(self):
         """GradScaler (dynamic loss scaling) for amp.dtype=fp16; None otherwise."""
         if self.ref.is_amp and self.ref.amp.dtype == "fp16":
-            return torch.amp.GradScaler("cpu")
+            return torch.amp.GradScaler(self.device.type)
         return None
 
     # ---------------------------------------------------------------- outputs
@@ -120,7 +126,10 @@ class Context:
     def write_summary(self, role: str, **extra) -> None:
         """Per-process summary: peak RSS and totals; `compare` and the launcher read these."""
         os.makedirs(os.path.join(self.job.out, "procs"), exist_ok=True)
-        d = {"rank": self.rank, "role": role, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        d = {"rank": self.rank, "role": role, "device": str(self.device),
+             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        if self.device.type == "cuda":
+            d["peak_device_bytes"] = torch.cuda.max_memory_allocated(self.device)
         d.update(extra)
         with open(os.path.join(self.job.out, "procs", f"rank{self.rank}.json"), "w") as f:
             json.dump(d, f)

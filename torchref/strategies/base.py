@@ -54,7 +54,7 @@ def allreduce_train_loop(ctx: Context, worker: int, n: int, make_hooks: Callable
                          initial_weights: bool = True, **static) -> None:
     """Data-parallel loop of single / DDP / Horovod. Rank 0 writes metrics and the final weights."""
     t = ctx.t
-    model = build_model(ctx.hf_config(), ctx.init_state_dict() if initial_weights else None)
+    model = build_model(ctx.hf_config(), ctx.init_state_dict() if initial_weights else None).to(ctx.device)
     hooks = make_hooks(model)
     wrapped = hooks.wrap(model)
     named = list(model.named_parameters())

@@ -29,7 +29,9 @@ class DDPHooks(Hooks):
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ddp = DDP(model, bucket_cap_mb=self.ctx.ref.ddp.bucket_mb, broadcast_buffers=False)
+        dev = self.ctx.device
+        ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None,
+                  bucket_cap_mb=self.ctx.ref.ddp.bucket_mb, broadcast_buffers=False)
         counter, n = self.counter, self.n
 
         def counting_allreduce(state, bucket):
@@ -42,7 +44,7 @@ class DDPHooks(Hooks):
         return ddp
 
     def global_loss(self, local_loss: float) -> float:
-        t = torch.tensor([local_loss], dtype=torch.float64)
+        t = torch.tensor([local_loss], dtype=torch.float64, device=self.ctx.device)
         dist.all_reduce(t)  # control traffic for the log, not counted
         return float(t[0]) / self.n
 

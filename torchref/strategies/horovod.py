@@ -64,7 +64,8 @@ class FusionEngine(Hooks):
 
     def _submit(self) -> None:
         # Pack: fp32 grads -> one contiguous wire-dtype buffer (the cast is the compression).
-        buf = np.concatenate([p.grad.detach().reshape(-1).numpy() for p in self.pending]).astype(self.wire)
+        # On a GPU the buffer is staged through host memory (Horovod without CUDA-aware MPI).
+        buf = np.concatenate([p.grad.detach().reshape(-1).cpu().numpy() for p in self.pending]).astype(self.wire)
         self.jobs.put((buf, self.pending))
         self.in_flight += 1
         self.pending, self.pending_size = [], 0
@@ -89,7 +90,7 @@ class FusionEngine(Hooks):
             self.in_flight -= 1
             if err is not None:
                 raise err
-            avg = torch.from_numpy(buf.astype(np.float32)) / self.n  # decompress, Average
+            avg = torch.from_numpy(buf.astype(np.float32)).to(ps[0].grad.device) / self.n  # decompress, Average
             i = 0
             for p in ps:
                 k = p.numel()
@@ -112,8 +113,10 @@ def broadcast_parameters(comm, model: torch.nn.Module) -> None:
     """hvd.broadcast_parameters: every tensor of rank 0's state dict to all ranks (in place)."""
     with torch.no_grad():
         for _, p in sorted(model.named_parameters()):
-            a = p.data.numpy()  # shares memory with the parameter
+            a = p.data.cpu().numpy()  # shares memory with the parameter on the CPU
             comm.Bcast(a, root=0)
+            if p.device.type != "cpu":
+                p.data.copy_(torch.from_numpy(a))
 
 
 class Horovod(Strategy):

@@ -51,7 +51,7 @@ class SinglePS(Strategy):
 
 def _master(ctx):
     """Server-side master weights as a model (never run) and the optimizer."""
-    model = build_model(ctx.hf_config(), ctx.init_state_dict())
+    model = build_model(ctx.hf_config(), ctx.init_state_dict()).to(ctx.device)
     named = list(model.named_parameters())
     return model, named, make_optimizer(named, ctx.t)
 
@@ -70,8 +70,8 @@ def serve(ctx) -> None:
     metrics = Metrics(ctx, strategy="single-ps", workers=n, ps_async=False)
     flat = flatten([p.data for p in params])
     _wait([dist.isend(flat, w) for w in range(1, n + 1)])  # initial pull (setup, not counted per step)
-    grads = [torch.empty(psi) for _ in range(n)]
-    losses = [torch.empty(1, dtype=torch.float64) for _ in range(n)]
+    grads = [torch.empty(psi, device=ctx.device) for _ in range(n)]
+    losses = [torch.empty(1, dtype=torch.float64, device=ctx.device) for _ in range(n)]
     for step in range(t.steps):
         t0 = timer()
         works = [dist.irecv(grads[w - 1], w, tag=GRAD) for w in range(1, n + 1)]
@@ -109,10 +109,10 @@ def serve(ctx) -> None:
 
 def work(ctx) -> None:
     n, w, t = ctx.world - 1, ctx.rank - 1, ctx.t
-    model = build_model(ctx.hf_config(), None)  # weights come from the server
+    model = build_model(ctx.hf_config(), None).to(ctx.device)  # weights come from the server
     params = list(model.parameters())
     psi = sum(p.numel() for p in params)
-    flat = torch.empty(psi)
+    flat = torch.empty(psi, device=ctx.device)
     dist.recv(flat, 0)
     totals = ByteCounter()
     with torch.no_grad():
@@ -126,7 +126,7 @@ def work(ctx) -> None:
         loss.backward()
         g = flatten([p.grad for p in params])
         _wait([dist.isend(g, 0, tag=GRAD),
-               dist.isend(torch.tensor([float(loss.detach())], dtype=torch.float64), 0, tag=CTRL)])
+               dist.isend(torch.tensor([float(loss.detach())], dtype=torch.float64, device=ctx.device), 0, tag=CTRL)])
         dist.recv(flat, 0, tag=WEIGHTS)
         totals.add(psi * 4, psi * 4)
         with torch.no_grad():
@@ -145,9 +145,9 @@ def serve_async(ctx) -> None:
     totals = ByteCounter()
     version, dropped = 0, 0
     active = set(range(1, n + 1))
-    hdr = torch.zeros(2, dtype=torch.float64)  # [weight version the grad was computed on, loss]
-    grad = torch.empty(psi)
-    reply = torch.zeros(2, dtype=torch.float64)  # [stop flag, version]
+    hdr = torch.zeros(2, dtype=torch.float64, device=ctx.device)  # [weight version the grad was computed on, loss]
+    grad = torch.empty(psi, device=ctx.device)
+    reply = torch.zeros(2, dtype=torch.float64, device=ctx.device)  # [stop flag, version]
 
     def push_weights(w: int) -> None:
         reply[0], reply[1] = float(version >= t.steps), float(version)
@@ -189,10 +189,10 @@ def serve_async(ctx) -> None:
 
 def work_async(ctx) -> None:
     n, w = ctx.world - 1, ctx.rank - 1
-    model = build_model(ctx.hf_config(), None)
+    model = build_model(ctx.hf_config(), None).to(ctx.device)
     params = list(model.parameters())
     psi = sum(p.numel() for p in params)
-    flat, reply = torch.empty(psi), torch.zeros(2, dtype=torch.float64)
+    flat, reply = torch.empty(psi, device=ctx.device), torch.zeros(2, dtype=torch.float64, device=ctx.device)
     totals, pushes = ByteCounter(), 0
     while True:
         dist.recv(reply, 0, tag=CTRL)
@@ -209,7 +209,7 @@ def work_async(ctx) -> None:
         with ctx.amp_context():
             loss = loss_fn(model, x, y)
         loss.backward()
-        dist.send(torch.tensor([float(version), float(loss.detach())], dtype=torch.float64), 0, tag=CTRL)
+        dist.send(torch.tensor([float(version), float(loss.detach())], dtype=torch.float64, device=ctx.device), 0, tag=CTRL)
         dist.send(flatten([p.grad for p in params]), 0, tag=GRAD)
         totals.add(psi * 4, psi * 4)
     ctx.write_summary("worker", bytes_sent=totals.sent, bytes_received=totals.received, pushes=pushes)
