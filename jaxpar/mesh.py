@@ -297,3 +297,18 @@ def maybe_initialize_distributed() -> dict | None:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"error: could not join the multi-process job ({msg})", file=sys.stderr)
         raise SystemExit(3) from None
+
+
+def barrier(name: str, timeout_s: float = 600.0) -> None:
+    """Wait (up to `timeout_s`) until every process reaches `name`; no-op single-process.
+
+    Uses the coordination service, not a device collective: gloo gives a peer only 30 s to
+    join a collective's first use, so processes whose compile times differ (a loaded host)
+    line up here first, with a generous, explicit bound."""
+    import jax
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if jax.process_count() == 1 or client is None:
+        return
+    client.wait_at_barrier(name, int(timeout_s * 1000))
