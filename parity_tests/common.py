@@ -196,7 +196,7 @@ def torch_side(init_dir: str, tc: TrainConfig, steps_batches):
     torch.manual_seed(0)
     model = load_torch(init_dir)
     named = list(model.named_parameters())
-    x0, y0 = (torch.from_numpy(a.astype(np.int64)) for a in steps_batches[0])
+    x0 = torch.from_numpy(steps_batches[0][0].astype(np.int64))
     logits = model(input_ids=x0).logits.detach().numpy()
     opt = make_optimizer(named, tc)
     after, losses, grads, norms = {}, [], [], []
