@@ -266,10 +266,19 @@ class GPT2(nnx.Module):
 
 
 def cross_entropy(logits, targets):
-    """Mean token cross-entropy in fp32. logits (B, T, V) fp32, targets (B, T) int."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    return nll.mean()
+    """Mean token cross-entropy in fp32. logits (B, T, V) fp32, targets (B, T) int.
+
+    Written as logsumexp(logits) - logits[target] with the target picked by a one-hot
+    select, not log_softmax + take_along_axis: no (B, T, V) log-prob array is written, and
+    the backward is one fused elementwise pass (softmax - onehot) instead of a scatter into
+    zeros. On CPU (V=50257) this cut head+loss fwd+bwd from 6.6 s to 4.1 s
+    (benchmarks/README.md); the values are the same to fp32 rounding.
+    """
+    logits = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)  # (B, T)
+    onehot = jnp.arange(logits.shape[-1], dtype=targets.dtype) == targets[..., None]  # (B, T, V) bool, fused
+    target_logit = jnp.sum(jnp.where(onehot, logits, 0.0), axis=-1)  # (B, T)
+    return (lse - target_logit).mean()
 
 
 def forward(cfg: ModelConfig, params: Params, tokens, policy: Policy | str = "fp32", key=None, remat=False):
