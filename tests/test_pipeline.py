@@ -31,7 +31,8 @@ CASES = {
     "fsdp=2,pipe=2/circular-R2": ({"fsdp": 2, "pipe": 2}, {"microbatches": 2, "schedule": "circular",
                                                            "repeats": 2}, 4),
 }
-FAST = ("pipe=4/circular-R2", "data=2,tensor=2,pipe=2")
+# 2×2×2 is also checked end to end (jaxpar train == one device) in test_pipeline_cli.py.
+FAST = ("pipe=4/circular-R2",)
 
 
 def tiny(n_layer: int):
@@ -249,6 +250,20 @@ def test_pipelined_training_matches_single_device(trained_fast, name):
 @pytest.mark.parametrize("name", [n for n in CASES if n not in FAST])
 def test_pipelined_training_matches_single_device_slow(tmp_path, name):
     _check(_run_worker(tmp_path, "train", name)[name])
+
+
+def test_example_04_partitions_trains_and_prints_bubble():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    r = subprocess.run([sys.executable, os.path.join(root, "examples", "04_pipeline.py")], capture_output=True,
+                       text=True, timeout=600, env=env, cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout.splitlines()
+    assert "gpt2 S=4, head on the last stage: layers_per_stage=[3, 4, 4, 1] (slowest stage 5.46 blocks)" in out
+    assert "gpt2 S=5, as jaxpar runs it:   layers_per_stage=[2, 2, 2, 3, 3]" in out
+    losses = [float(ln.split()[3]) for ln in out if ln.startswith("step ")]
+    assert len(losses) == 8 and losses[-1] < 0.75 * losses[0] and np.isfinite(losses).all()
+    assert "bubble: theory 0.2000, counted 2/10 idle stage-iterations = 0.2000" in out
 
 
 if __name__ == "__main__":

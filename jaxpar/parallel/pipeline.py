@@ -208,15 +208,18 @@ def _varying(x, axes) -> jax.Array:
 
 
 def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage_params, x, microbatches: int,
-                    block_param_rules: dict, key=None, remat: bool = True):
+                    block_param_rules: dict, key=None, remat: bool = True, iterations: int | None = None):
     """Run the transformer blocks as a pipeline. x (B, T, D) -> (B, T, D).
 
     stage_params: block params in (R, S, Lmax, ...) layout (`to_stage_layout`).
     block_param_rules: the parameter rules (logical name -> mesh axes) in force, to find which
     block-param dims are sharded over fsdp (gathered once per step inside the body).
+    iterations: benchmarks only - run this many loop iterations instead of the schedule's N
+    (wrong results; used to time the loop without its fill/drain iterations).
     """
     S, R, M = layout.n_stages, layout.repeats, microbatches
     Mp, N = max(M, S), n_iterations(S, M, R)
+    N_run = N if iterations is None else iterations
     B, T, D = x.shape
     use_buf = R > 1 and M > S
     masked = not layout.uniform
@@ -289,7 +292,10 @@ def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage
             return (shifted, buf), out
 
         with activation_rules(jax.sharding.get_abstract_mesh(), tp_rules):
-            _, ys = jax.lax.scan(iteration, (state, buf), jnp.arange(N))
+            _, ys = jax.lax.scan(iteration, (state, buf), jnp.arange(N_run))
+        if N_run != N:  # benchmark mode: pad / cut to M outputs
+            ys = jnp.concatenate([ys, jnp.zeros((max(M - N_run, 0), *ys.shape[1:]), ys.dtype)])[:M]
+            return jax.lax.psum(ys, "pipe")
         # Stage S-1 finished microbatch m of the last repeat at iteration (R-1)·Mp + m + S - 1.
         first = (R - 1) * Mp + S - 1
         y = ys[first:first + M]
