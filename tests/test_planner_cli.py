@@ -129,3 +129,23 @@ def test_load_plan_errors(tmp_path):
     bad.write_text('{"devices": 8}')
     with pytest.raises(ConfigError, match=r"is not a jaxpar plan \(missing mesh, microbatches, repeats, remat, model\)$"):
         load_plan(str(bad))
+
+
+def test_apply_plan_for_train(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from jaxpar.planner.apply import apply_plan, devices_at_hand
+
+    cfg = validate(apply_overrides(Config(), {"model": "gpt2-tiny", "train.batch_size": "16", "train.seq_len": "64",
+                                              "precision": "fp32"}))
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    assert devices_at_hand(cfg) == (8, "cpu")
+    new = apply_plan(replace(cfg, plan="auto"))
+    m = new.mesh
+    assert m.data * m.fsdp * m.tensor * m.pipe == 8 and new.plan == "auto"
+    path = save_plan(plan_auto(cfg, 8), str(tmp_path / "plan.json"))
+    assert apply_plan(replace(cfg, plan=path)).mesh == m
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    with pytest.raises(ConfigError) as e:
+        apply_plan(replace(cfg, plan=path))
+    assert str(e.value).startswith("plan was made for devices=8, but 4 devices are available")

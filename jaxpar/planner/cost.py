@@ -184,7 +184,8 @@ QKVO_UNITS = 4  # q, k, v, attention output (split over tensor)
 MLP_UNITS = 24  # c_fc out + GELU intermediates, 6 × 4D (split over tensor)
 
 
-def layer_activation_bytes(w: Workload, b: float, t: int, remat: str, mlp_chunks: int) -> tuple[float, float]:
+def layer_activation_bytes(w: Workload, b: float, t: int, remat: str, mlp_chunks: int,
+                           cb: int | None = None) -> tuple[float, float]:
     """(saved, live) bytes of one layer for one microbatch of b rows on one device.
 
     saved = T·b·D·(cb·(2 + 28/t) + 4·6) + N·T²·b/t·(4 + cb)        (remat=none)
@@ -192,7 +193,8 @@ def layer_activation_bytes(w: Workload, b: float, t: int, remat: str, mlp_chunks
     fp32); flash attention keeps only the fp32 row statistics N·T·b/t·8 instead. selective
     drops the T² term, mlp_chunks > 1 drops the MLP units (both recomputed), full keeps only the
     block input T·b·D·cb. `live` is everything the layer holds while it runs (recompute peak)."""
-    T, D, N, cb = w.seq_len, w.model.n_embd, w.model.n_head, w.cb
+    T, D, N = w.seq_len, w.model.n_embd, w.model.n_head
+    cb = w.cb if cb is None else cb  # 4 where the backend computes bf16 in fp32 (XLA:CPU)
     sbh = T * b * D
     rep = sbh * (REP_UNITS * cb + LN32_UNITS * 4)
     qkvo = sbh * QKVO_UNITS * cb / t
@@ -217,8 +219,13 @@ def _pipeline_split(n_layer: int, V: int) -> tuple[int, ...]:
 def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | None = None) -> Estimate:
     """Predict memory, step time and MFU of strategy `s` (see the module docstring)."""
     m = w.model
-    L, D, V, T, cb = m.n_layer, m.n_embd, m.vocab_size, w.seq_len, w.cb
+    L, D, V, T = m.n_layer, m.n_embd, m.vocab_size, w.seq_len
+    # XLA:CPU has no bf16 matmuls: it upcasts, so activations and their collectives are fp32.
+    cb = w.cb if dev.native_bf16 else 4
     d, f, t, S, M, R = s.data, s.fsdp, s.tensor, s.pipe, s.microbatches, s.repeats
+    # pipeline.py always rematerialises whole stages and runs the layers inside without remat,
+    # so an inner policy has no effect there.
+    remat = "none" if S > 1 else s.remat
     alpha = dev.latency
     sharded = {g: (f > 1 and g not in s.replicated) for g in GROUPS}
     el = group_elems(m, t, f, sharded)
@@ -230,9 +237,9 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     # --- FLOPs (per device, per microbatch): forward of one layer and of the head
     fl_layer = 24 * T * b * D * D / t + 4 * T * T * b * D / t
     fl_head = 2 * T * b * D * V / t
-    extra_fwd = (1.0 if s.remat == "full" else 0.0) + (1.0 if S > 1 else 0.0)
+    extra_fwd = (1.0 if remat == "full" else 0.0) + (1.0 if S > 1 else 0.0)
     fl_layer_train = fl_layer * (3 + extra_fwd)
-    if s.remat == "selective":
+    if remat == "selective":
         fl_layer_train += 4 * T * T * b * D / t  # recompute scores + probs·V
     if s.mlp_chunks > 1:
         fl_layer_train += 8 * T * b * D * D / t  # recompute c_fc
@@ -242,7 +249,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     eff = dev.efficiency * rows / (rows + 256) * cols / (cols + 128)
     sec = 1.0 / (peak * eff)
 
-    saved, live = layer_activation_bytes(w, b, t, s.remat, s.mlp_chunks)
+    saved, live = layer_activation_bytes(w, b, t, remat, s.mlp_chunks, cb)
     unit = T * b * D * cb  # one (b, T, D) activation in the compute dtype
     if S > 1:
         # pipeline.py: S·R virtual stages, padded to the largest (lmax layers); one scan of
@@ -256,26 +263,27 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         head_rows_share = 1.0 / S  # embedding and head run outside, batch split over pipe too
         compute = (layers_run * fl_layer_train + M * fl_head_train * head_rows_share) * sec
         bubble = 1.0 - R * M / iters
-        acts = (iters + (M if M > S else 0)) * unit + lmax * saved + (live if s.remat == "full" else 0.0)
+        acts = (iters + (M if M > S else 0)) * unit + lmax * saved
         acts += 2 * M * unit  # embedded inputs gathered over pipe + broadcast outputs (b_rep rows)
         passes = 1  # fsdp gathers / grad reductions happen once per step, outside the scan
     else:
         lps, layers_state, iters, bubble = (), L, M, 0.0
         layers_run, head_rows_share = M * L, 1.0
         compute = M * (L * fl_layer_train + fl_head_train) * sec
-        acts = L * saved + (live if s.remat == "full" else 0.0)
+        acts = L * saved + (live if remat == "full" else 0.0)
         passes = M  # train.py's accumulation scan: each microbatch gathers and reduces
-    if s.remat == "none" and w.precision == "bf16":
-        acts += layers_state * (el["attn"] + el["mlp"] - 13 * D / t) * cb  # saved compute-dtype weight casts
+    if remat == "none" and w.precision == "bf16":
+        acts += layers_state * (el["attn"] + el["mlp"] - 13 * D / t) * w.cb  # saved compute-dtype weight casts
 
     # --- memory (bytes)
     n_el = el["embed"] + layers_state * (el["attn"] + el["mlp"])
-    mem = {"params": 4 * n_el, "grads": 4 * n_el * (2 if M > 1 else 1), "optimizer": 8 * n_el}
-    head = 3 * T * b * V * 4 / t / s.vocab_chunks * (M * head_rows_share if S > 1 else 1)
-    tmp = head + live * (1 if s.remat != "full" else 0)  # logits/log-probs/grad + one layer's activation grads
-    if f > 1:
-        zero_layers = (R * lmax if S > 1 else 2) * sum(full[g] for g in ("attn", "mlp") if sharded[g])
-        tmp += 4 * zero_layers * (2 if S > 1 else 1)  # gathered fp32 weights (+ their unsharded grads in a pipeline)
+    # train.py's accumulation loop keeps a second fp32 grad tree; a pipeline accumulates inside its scan.
+    mem = {"params": 4 * n_el, "grads": 4 * n_el * (2 if M > 1 and S == 1 else 1), "optimizer": 8 * n_el}
+    head = 2 * T * b * V * 4 / t / s.vocab_chunks * (M * head_rows_share if S > 1 else 1)
+    # logits/log-probs/grad + one layer's activation grads (a pipeline's stage re-run is in `acts`)
+    tmp = head + live * (1 if remat != "full" and S == 1 else 0)
+    if f > 1 and S > 1:  # pipeline.py gathers a stage's weights once per step; grads stay unsharded until the end
+        tmp += 8 * R * lmax * sum(full[g] for g in ("attn", "mlp") if sharded[g])
     if S > 1 and R > 1:
         tmp += 4 * (L / S) * full_layer  # circular re-layout moves a copy of the stage's block params
     if s.mlp_chunks > 1:
@@ -294,34 +302,56 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
 
     bws = axis_bandwidths(dev, s)
     if t > 1:
-        n_ar = 4 + 2 * extra_fwd  # Megatron: 2 fwd + 2 bwd all-reduces per layer (+2 per re-forward)
+        # Megatron: 2 fwd + 2 bwd all-reduces per layer; a re-forward adds one (measured in the HLO:
+        # XLA reuses the other from the saved block input's path).
+        n_ar = 4 + extra_fwd
         add("all-reduce", "tensor", all_reduce(t, unit, alpha, bws["tensor"]), layers_run * n_ar)
         add("all-reduce", "tensor", all_reduce(t, unit * head_rows_share, alpha, bws["tensor"]), 2 * M)
     rs_kind = "reduce-scatter" if dev.reduce_scatter else "all-reduce"  # XLA:CPU lowers RS to AR
     rs_fn = all_gather if dev.reduce_scatter else all_reduce
+    # Without reduce-scatter (XLA:CPU) the auto-sharded step reduces a ZeRO-3 group's grads with
+    # one all-reduce of the full grads over data·fsdp, and its all-gathers also span data·fsdp
+    # (seen in the HLO); the pipeline's explicit shard_map collectives keep their own groups.
+    # In a pipeline the embedding sits outside the shard_map (auto-sharded over data·fsdp·pipe,
+    # gathered for forward and backward); the blocks use pipeline.py's explicit collectives.
+    auto = {g: not dev.reduce_scatter and (S == 1 or g == "embed") for g in GROUPS}
+    span = {g: d * f * (S if g == "embed" else 1) for g in GROUPS}
     if f > 1:
         for g in GROUPS:
             if not sharded[g]:
                 continue
+            cpu_zero = auto[g]
             layers = 1 if g == "embed" else (R * lmax if S > 1 else L)
             n = full[g] * layers
             # ZeRO-3: gather weights for forward (+ again for backward, blocks only, no pipeline),
             # reduce-scatter grads; per microbatch without a pipeline, once per step with one.
-            gathers = 1 if (g == "embed" or S > 1) else 2
-            add("all-gather", "fsdp", all_gather(f, 4 * n, alpha, bws["fsdp"]), gathers * passes)
-            add(rs_kind, "fsdp", rs_fn(f, 4 * n, alpha, bws["fsdp"]), passes)
+            gathers = 1 if (g == "embed" and S == 1) or (g != "embed" and S > 1) else 2
+            n_ag = span[g] if cpu_zero else f
+            add("all-gather", "fsdp", all_gather(n_ag, 4 * n, alpha, bws["fsdp"]), gathers * passes)
+            if cpu_zero:
+                # tied wte: with d > 1 the lookup and logits grads are reduced apart (seen in the HLO)
+                n += V * D / t if g == "embed" and d > 1 else 0.0
+                add("all-reduce", "fsdp", all_reduce(span[g], 4 * n, alpha, bws["fsdp"]), passes)
+            else:
+                add(rs_kind, "fsdp", rs_fn(f, 4 * n, alpha, bws["fsdp"]), passes)
     # data-parallel gradient reduction: sharded groups over data, replicated ones over data·fsdp;
     # the embedding's rows are also split over pipe; the tied wte is reduced for lookup and head.
     for g in GROUPS:
+        if auto[g] and sharded[g]:
+            continue  # reduced above
         n = full[g] if g == "embed" else full[g] * (R * lmax if S > 1 else L)
         if g == "embed" and not sharded[g]:
             n += V * D / t
         n_red = (d if sharded[g] else d * f) * (S if g == "embed" else 1)
+        # pipeline.py psums the gathered (unsharded) stage grads over data, then reduce-scatters
+        shard = f if sharded[g] and not (S > 1 and g != "embed") else 1
         bw = bws["data"] if d > 1 else bws["fsdp"] if not sharded[g] else bws["pipe"]
-        add("all-reduce", "data", all_reduce(n_red, 4 * n / (f if sharded[g] else 1), alpha, bw), passes)
+        add("all-reduce", "data", all_reduce(n_red, 4 * n / shard, alpha, bw), passes)
     if S > 1:
         bw = bws["pipe"]
         add("ppermute", "pipe", ppermute(unit, alpha, bw), 2 * iters)
+        if R > 1:  # circular re-layout: (R-1)/R of the stage's block params move, and their grads back
+            add("ppermute", "pipe", ppermute(4 * (L / S) * full_layer * (R - 1) / R, alpha, bw), 2)
         add("all-gather", "pipe", all_gather(S, M * unit, alpha, bw), 2)  # embedded inputs to every stage
         add("all-reduce", "pipe", all_reduce(S, M * unit, alpha, bw), 2)  # last stage's outputs back
 

@@ -33,11 +33,12 @@ class DeviceSpec:
     efficiency: float = 0.55  # best achievable fraction of peak on large matmuls
     overlap: float = 0.0  # fraction of DP/FSDP collective time hidden behind compute
     reduce_scatter: bool = True  # False: the backend lowers reduce-scatter to all-reduce (XLA:CPU)
+    native_bf16: bool = True  # False: bf16 matmuls run upcast to fp32 (XLA:CPU), fp32 activations
 
 
 DEVICES: dict[str, DeviceSpec] = {
     "cpu": DeviceSpec("cpu", 5e10, 5e10, 16 * GiB, 5e9, 5e9, 2e-5, node_size=1 << 30, efficiency=0.5,
-                      reduce_scatter=False),
+                      reduce_scatter=False, native_bf16=False),
     "a100-40g": DeviceSpec("a100-40g", 312e12, 19.5e12, 40 * GiB, 300e9, 25e9, 5e-6, overlap=0.5),
     "a100-80g": DeviceSpec("a100-80g", 312e12, 19.5e12, 80 * GiB, 300e9, 25e9, 5e-6, overlap=0.5),
     "h100": DeviceSpec("h100", 989e12, 67e12, 80 * GiB, 450e9, 50e9, 3e-6, overlap=0.5),
@@ -82,7 +83,7 @@ def get_device(kind: str, overrides: dict[str, str] | None = None) -> DeviceSpec
                 v = parse_bytes(raw, "device.memory")
             elif k == "node_size":
                 v = int(raw)
-            elif k == "reduce_scatter":
+            elif k in ("reduce_scatter", "native_bf16"):
                 v = str(raw).lower() in ("1", "true", "yes")
             else:
                 v = float(raw)

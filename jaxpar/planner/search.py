@@ -107,8 +107,10 @@ def _options(w: Workload, mesh, space: SearchSpace):
         groups = [()]
     vcs = [v for v in space.vocab_chunks if v == 1 or (w.seq_len * 1) % v == 0]
     mcs = [c for c in space.mlp_chunks if c == 1 or w.seq_len % c == 0]
+    # pipeline.py rematerialises whole stages itself: inner remat policies change nothing there
+    remats = range(len(space.remat)) if p == 1 else [0]
     for rep, r in itertools.product(groups, reps):
-        yield rep, r, ms, list(itertools.product(range(len(space.remat)), vcs, mcs))
+        yield rep, r, ms, list(itertools.product(remats, vcs, mcs))
 
 
 def _dominated(opt: tuple[int, int, int], fitted: list[tuple[int, int, int]]) -> bool:
