@@ -46,3 +46,24 @@ def test_example_01_trains_and_samples():
     assert len(losses) == 7 and losses[-1] < 0.7 * losses[0]
     assert "ROMEO:" in r.stdout
     assert np.isfinite(losses).all()
+
+
+def test_eval_hf_dir_equals_transformers_loss(tmp_path):
+    """`jaxpar eval hf=DIR data=X.bin` == HF GPT2LMHeadModel's mean CE over the same windows."""
+    import torch
+    import transformers
+
+    mc = ModelConfig(n_layer=2, n_embd=48, n_head=3, vocab_size=97, n_positions=32)
+    hf.save_hf(tmp_path / "hf", mc, gpt2.init_params(mc, seed=2))
+    toks = np.random.default_rng(4).integers(0, 97, 16 * 7 + 5).astype("<u2")
+    toks.tofile(tmp_path / "t.bin")
+    r = run(["eval", f"hf={tmp_path / 'hf'}", f"data={tmp_path / 't.bin'}", "train.seq_len=16", "train.batch_size=3"])
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["tokens"] == 7 * 16  # windows k*16..k*16+16 for k = 0..6
+    m = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    x = torch.tensor(np.stack([toks[k * 16:k * 16 + 16] for k in range(7)]).astype(np.int64))
+    y = torch.tensor(np.stack([toks[k * 16 + 1:k * 16 + 17] for k in range(7)]).astype(np.int64))
+    with torch.no_grad():
+        ref = torch.nn.functional.cross_entropy(m(x).logits.reshape(-1, 97), y.reshape(-1)).item()
+    assert abs(got["loss"] - ref) <= 1e-6 * ref
