@@ -36,7 +36,8 @@ defaults = ["model=gpt2-tiny", "train.seq_len=32", "train.batch_size=8", "train.
 try:
     cfg = C.resolve(defaults + sys.argv[1:])
 except C.ConfigError as e:
-    sys.exit(f"error: {e}")
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
 emulate_devices_for(cfg.mesh)  # must precede JAX's first device query (CPU only; GPUs ignore it)
 
 import jax
@@ -61,7 +62,8 @@ cfg = dataclasses.replace(cfg, model=model_cfg, mesh=resolve_mesh_config(cfg.mes
 try:
     check_model_vs_mesh(cfg.model, cfg)  # divisibility errors name the values, as the CLI does
 except C.ConfigError as e:
-    sys.exit(f"error: {e}")
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
 
 # 3. One data set and batch order (the built-in corpus, byte-tokenized, unless data= is given).
 ds = data.Dataset.open(data.resolve_data(cfg.data, cfg.tokenizer, work), cfg.model.vocab_size, cfg.train.seq_len)

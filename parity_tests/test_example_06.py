@@ -33,4 +33,4 @@ def test_example_06_sharded_run_matches_reference():
 def test_example_06_rejects_bad_mesh_with_one_line():
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "06_parity.py"), "mesh.tensor=3"],
                        capture_output=True, text=True, timeout=300, env=clean_env(), cwd=ROOT)
-    assert r.returncode == 1 and r.stderr.strip() == "error: model.n_head=4 is not divisible by mesh.tensor=3"
+    assert r.returncode == 2 and r.stderr.strip() == "error: model.n_head=4 is not divisible by mesh.tensor=3"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from parity_tests.common import ODD, PARITY_TRAIN, TINY, load_torch, model_parity, worst
-from parity_tests.tolerances import MODEL
+from parity_tests.tolerances import MODEL, U_FP32
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -113,7 +113,8 @@ def test_optimizer_mapping():
     for tc in (PARITY_TRAIN, PARITY_TRAIN.__class__(steps=10, warmup_steps=3, lr=1e-3, min_lr_ratio=0.1)):
         sched = lr_schedule(tc)
         for s in range(tc.steps + 1):
-            assert abs(float(sched(s)) - tm.lr_at(tc, s)) <= 1e-7 * tc.lr, (tc.warmup_steps, s)
+            # optax evaluates the cosine in fp32, lr_at in fp64: a few fp32 ulps apart
+            assert abs(float(sched(s)) - tm.lr_at(tc, s)) <= 4 * U_FP32 * tc.lr, (tc.warmup_steps, s)
     # clipping: optax has no epsilon; torchref's clip_grads_ matches it, torch's built-in would not.
     # A global norm of 2e-6 against max_norm 1e-6: optax scales by 0.5, clip_grad_norm_ by 1e-6/3e-6.
     g = np.full((4,), 1e-6, np.float32)  # norm 2e-6
