@@ -47,7 +47,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--configs", default="4:1,4:4,8:1,4:2", help="M:R pairs")
+    ap.add_argument("--configs", default="4:1,8:1,4:2", help="comma-separated M:R pairs")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     S = a.stages
