@@ -90,6 +90,7 @@ def test_launch_2proc_x_2dev_equals_1proc_x_4dev(tmp_path, single_4dev):
     assert sorted(os.listdir(out / "ckpt")) == ["3"]
 
 
+@pytest.mark.slow
 def test_dead_rank_stops_the_job_via_launcher(tmp_path):
     out = tmp_path / "dead"
     p = subprocess.Popen([sys.executable, "-m", "jaxpar.cli", "launch", "nprocs=2", "grace=5", "--", *TRAIN,
