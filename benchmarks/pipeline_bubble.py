@@ -17,6 +17,11 @@ For each (S, M, R) on S emulated CPU devices (gpt2-tiny, 8 layers, fp32, fwd+bwd
 * overlap: collectives in the optimized HLO and whether XLA made them asynchronous
   (`*-start`/`*-done` pairs with compute scheduled between them).
 
+Known flaw (R > 1): with 0 iterations XLA drops the unused block params, so T_zero also loses
+the circular param relayout (the extra collective-permutes in the HLO) and the loop time is
+overstated; measured R=2 bubbles come out low (0.17 vs 0.27 on this machine). GPipe rows
+were within 10% (0.397 vs 0.429 at M=4, 0.261 vs 0.273 at M=8, S=4).
+
 Caveat: the emulated devices share this machine's cores, so absolute times are not a
 multi-device measurement; the ratios above only need per-iteration cost to be constant.
 
