@@ -14,7 +14,7 @@ Fairness rules:
   * the ratio is `torch_time / jaxpar_time` (> 1: jaxpar is faster).
 
 Default config (state it in reports): 6 layers, n_embd 384, 6 heads, vocab 50257 (GPT-2's BPE),
-seq 256, batch 8. All flags override it, e.g. a micro run:
+seq 256, batch 4 (~4 min on 2 idle cores, mostly torch.compile). All flags override it, e.g. a micro run:
 
     python benchmarks/single_device.py --n-layer 1 --n-embd 64 --n-head 2 --vocab 256 --seq 32 --batch 2 \
         --rounds 3 --out /tmp/sd.json
@@ -44,12 +44,15 @@ def parse_args(argv=None):
     p.add_argument("--n-head", type=int, default=6)
     p.add_argument("--vocab", type=int, default=50257)
     p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--batch", type=int, default=4)
     p.add_argument("--precisions", default="fp32,bf16", help="comma list of fp32,bf16")
     p.add_argument("--impls", default=",".join(IMPLS), help="comma list of " + ",".join(IMPLS))
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per contender (after compile)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per contender (after compile)")
     p.add_argument("--rounds", type=int, default=5, help="timed steps per contender (interleaved)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0: os.cpu_count() (JAX's)")
+    p.add_argument("--torch-bf16", choices=("auto", "full", "skip"), default="auto",
+                   help="auto: run torch bf16 only where the CPU has native bf16 matmul (oneDNN avx512_bf16/AMX); "
+                        "without it torch's bf16 gemm is a scalar fallback (~1 GFLOP/s, minutes per step)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                  "single_device.json"))
@@ -64,9 +67,10 @@ def make_jaxpar(cfg, params, inputs, targets):
     """The real jaxpar step (`build_trainer`: jit, donated state) on a 1-device mesh."""
     import jax
 
+    from jaxpar.mesh import build_mesh
     from jaxpar.train import build_trainer
 
-    trainer = build_trainer(cfg, None)
+    trainer = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))  # one device, even if emulating more
     state = {"s": trainer.init_state(params)}
     x, y = trainer.put_batch(inputs), trainer.put_batch(targets)
 
@@ -151,10 +155,18 @@ def main(argv=None) -> dict:
     contenders: dict[str, object] = {}
     compile_s: dict[str, float] = {}
     first_loss: dict[str, float] = {}
+    native_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    skipped: dict[str, str] = {}
     for prec in precisions:
         cfg = Config(model=mc, train=tc, precision=prec, seed=args.seed)
         for impl in impls:
             name = f"{impl}/{prec}"
+            if impl != "jaxpar" and prec == "bf16" and (
+                    args.torch_bf16 == "skip" or (args.torch_bf16 == "auto" and not native_bf16)):
+                skipped[name] = ("--torch-bf16 skip" if args.torch_bf16 == "skip" else
+                                 "no native bf16 matmul in torch on this CPU; run with --torch-bf16 full")
+                print(f"[skip] {name}: {skipped[name]}", file=sys.stderr)
+                continue
             t0 = time.perf_counter()
             if impl == "jaxpar":
                 step = make_jaxpar(cfg, params, inputs, targets)
@@ -200,7 +212,9 @@ def main(argv=None) -> dict:
                    "flops_per_token": fpt, "warmup": args.warmup, "rounds": args.rounds},
         "env": {"jax": jax.__version__, "torch": torch.__version__, "threads": threads,
                 "cpu_count": os.cpu_count(), "jax_devices": str(jax.devices()), "platform": platform.platform(),
-                "xla_flags": os.environ.get("XLA_FLAGS", ""), "loadavg": os.getloadavg()},
+                "xla_flags": os.environ.get("XLA_FLAGS", ""), "loadavg": os.getloadavg(),
+                "torch_native_bf16": native_bf16},
+        "skipped": skipped,
         "results": results,
         "ratios": ratios,  # torch median / jaxpar median: > 1 means jaxpar is faster
     }

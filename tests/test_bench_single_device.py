@@ -1,0 +1,37 @@
+"""benchmarks/single_device.py runs end to end on a micro config and writes the JSON report.
+
+No timing is asserted (the machine is shared); only the report's shape, that both frameworks
+started from the same weights (same first loss), and that every ratio is a positive number.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_single_device_benchmark_micro(tmp_path):
+    out = tmp_path / "sd.json"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "single_device.py"), "--n-layer", "1", "--n-embd", "32",
+           "--n-head", "2", "--vocab", "64", "--seq", "16", "--batch", "2", "--impls", "jaxpar,torch_eager",
+           "--precisions", "fp32,bf16", "--torch-bf16", "full", "--warmup", "0", "--rounds", "2", "--out", str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "jaxpar x" in proc.stdout
+    rep = json.loads(out.read_text())
+    assert set(rep) >= {"config", "env", "results", "ratios", "skipped"}
+    assert rep["config"]["tokens_per_step"] == 32
+    assert set(rep["results"]) == {"jaxpar/fp32", "torch_eager/fp32", "jaxpar/bf16", "torch_eager/bf16"}
+    for r in rep["results"].values():
+        assert len(r["times_s"]) == 2 and r["median_s"] > 0 and r["tokens_per_s"] > 0
+    assert set(rep["ratios"]) == {"fp32/vs_torch_eager", "bf16/vs_torch_eager"}
+    assert all(math.isfinite(v) and v > 0 for v in rep["ratios"].values())
+    # Same weights and batch on both sides: identical first loss in fp32 (~ln 64), close in bf16.
+    res = rep["results"]
+    assert abs(res["jaxpar/fp32"]["first_loss"] - res["torch_eager/fp32"]["first_loss"]) < 1e-4
+    assert abs(res["jaxpar/bf16"]["first_loss"] - res["torch_eager/bf16"]["first_loss"]) < 5e-2
+    assert abs(res["jaxpar/fp32"]["first_loss"] - math.log(64)) < 0.1
