@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_example_six_strategies(tmp_path):
     out = tmp_path / "cmp"
     r = subprocess.run(["bash", str(ROOT / "examples" / "05_six_strategies.sh"), str(out), "train.steps=3",
-                        "train.seq_len=32"], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                        "train.seq_len=32"], capture_output=True, text=True, check=False, timeout=600, cwd=ROOT,
                        env=dict(os.environ, PYTHON=sys.executable))
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"plot:             {out}/compare.png" in r.stdout

@@ -43,7 +43,7 @@ if r == 0:
 def test_ring_allreduce_equals_mpi_allreduce(n, tmp_path):
     script = tmp_path / "ring.py"
     script.write_text(SCRIPT)
-    r = subprocess.run(["mpiexec", "-n", str(n), sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(["mpiexec", "-n", str(n), sys.executable, str(script)], capture_output=True, text=True, check=False, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(rows) == 30

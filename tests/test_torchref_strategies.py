@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,7 +53,7 @@ class Run:
         from safetensors.numpy import load_file
 
         self.out, self.summary = out, summary
-        self.rows = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
+        self.rows = [json.loads(x) for x in Path(out, "metrics.jsonl").read_text().splitlines()]
         self.losses = np.array([r["loss"] for r in self.rows])
         g = os.path.join(out, "grads_step1.safetensors")
         self.grads = load_file(g) if os.path.exists(g) else None
@@ -184,11 +185,12 @@ def test_dying_worker_stops_the_others_quickly(runner, tmp_path):
     assert str(e.value) == (f"strategy=distributed-ps: process rank 1 of 2 died (exit code 17); stopped the other 1 "
                             f"(logs in {tmp_path}/crash/logs)")
     assert elapsed < 20  # the launcher's watchdog, not the 60 s collective timeout
-    rows = [json.loads(x) for x in open(tmp_path / "crash" / "metrics.jsonl")]
+    rows = [json.loads(x) for x in (tmp_path / "crash" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
 
 
 @needs_mpi
+@pytest.mark.slow  # ~40 s: CLI + mpiexec imports; the watchdog path is covered by the test above
 def test_dying_mpi_rank_cli_exits_2_one_line(runner, tmp_path):
     import subprocess
     import sys
@@ -197,7 +199,7 @@ def test_dying_mpi_rank_cli_exits_2_one_line(runner, tmp_path):
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "torchref", "train", *BASE, "strategy=horovod", "workers=2",
                         "debug.crash_rank=0", "debug.crash_step=2", f"data={data}", f"out={tmp_path}/crash"],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, check=False, timeout=300)
     assert r.returncode == 2
     lines = r.stderr.splitlines()
     assert len(lines) == 1

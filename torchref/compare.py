@@ -145,7 +145,7 @@ def compare(args: list[str], config_file: str | None = None) -> dict:
     for name, cfg, ref in runs:
         print(f"== {name}", flush=True)
         s = train(replace(cfg, data=data_dir), ref)
-        metrics = [json.loads(x) for x in open(os.path.join(s["out"], "metrics.jsonl"))]
+        metrics = [json.loads(x) for x in Path(s["out"], "metrics.jsonl").read_text().splitlines()]
         rows.append(row_of(s, metrics))
     base = rows[0]
     for r in rows:

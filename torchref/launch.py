@@ -1,13 +1,15 @@
 """`torchref train`: prepare once, then start the strategy's processes and watch them.
 
-  * fork strategies (single, single-ps, distributed-ps[-amp]): the launcher has already imported
-    torch + transformers (~7 s on these CPUs), so each rank is a `fork` of it with the job in
-    memory; rendezvous over TCP on 127.0.0.1 (gloo on CPU, NCCL when CUDA exists). Equivalent
-    to `torchrun --nproc-per-node N` with one process per rank.
+  * fork strategies (single, single-ps, distributed-ps[-amp]): each rank is forked from
+    `torchref.zygote`, a clean process that imported torch + transformers once (~7 s on these
+    CPUs) and never runs compute or threads (see its docstring for why not fork the launcher
+    or use multiprocessing). It persists, so later runs from the same launcher start warm. Rendezvous over TCP on
+    127.0.0.1 (gloo on CPU, NCCL when CUDA exists). Equivalent to
+    `torchrun --nproc-per-node N` with one process per rank.
   * mpi strategies (horovod[-amp]): `mpiexec -n N python -m torchref.worker <out>/job.json`.
 
-A dying worker never hangs the run: the launcher polls its children and, as soon as one exits
-non-zero, terminates the others (SIGTERM, then SIGKILL after `GRACE_S`); under mpiexec the
+A dying worker never hangs the run: the zygote polls the ranks and, as soon as one exits
+non-zero, terminates the others (SIGTERM, then SIGKILL after 5 s); under mpiexec the
 failing rank calls MPI_Abort (or is reaped by Hydra), which kills every rank. Collectives also
 carry `timeout_s`. Either way the launcher raises `WorkerDied` (CLI: one line, exit 2).
 """
@@ -30,7 +32,6 @@ from jaxpar.config import Config, ConfigError, to_dict
 from torchref.config import RefConfig, WorkerDied, ref_to_dict
 
 GRACE_S = 5.0
-POLL_S = 0.05
 
 
 def free_port() -> int:
@@ -52,8 +53,8 @@ def check_mpi() -> str:
 def prepare(cfg: Config, ref: RefConfig):
     """Everything that can fail with a user error, done once before any process starts."""
     from jaxpar.data import Dataset, resolve_data
-    from torchref.runtime import Job
     from torchref.model import initial_state_dict, save_weights
+    from torchref.runtime import Job
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -93,7 +94,7 @@ def _child(job, rank: int, world: int) -> None:
         from torchref.worker import run_process
 
         run_process(job, rank, world)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - any failure must end this rank
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
@@ -101,45 +102,44 @@ def _child(job, rank: int, world: int) -> None:
     os._exit(0)
 
 
-def _stop(procs) -> None:
-    for p in procs:
-        if p.exitcode is None:
-            p.terminate()
-    deadline = time.monotonic() + GRACE_S
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.exitcode is None:
-            p.kill()
-            p.join()
+_ZYGOTE: tuple | None = None
+
+
+def _zygote():
+    """The warm fork server (torchref.zygote), started once per launcher process."""
+    global _ZYGOTE
+    if _ZYGOTE is None or _ZYGOTE[0].poll() is not None:
+        r, w = os.pipe()
+        proc = subprocess.Popen([sys.executable, "-m", "torchref.zygote", str(w)], stdin=subprocess.PIPE,
+                                pass_fds=(w,), text=True)
+        os.close(w)
+        _ZYGOTE = (proc, os.fdopen(r))
+    return _ZYGOTE
 
 
 def run_forked(job, world: int) -> None:
-    import multiprocessing as mp
-
-    ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=_child, args=(job, r, world), daemon=True) for r in range(world)]
+    proc, replies = _zygote()
     try:
-        for p in procs:
-            p.start()
-        while True:
-            codes = [p.exitcode for p in procs]
-            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-            if bad:
-                _stop(procs)
-                r, c = bad[0]
-                why = f"signal {-c}" if c < 0 else f"exit code {c}"
-                raise WorkerDied(f"strategy={job.ref.strategy}: process rank {r} of {world} died ({why}); "
-                                 f"stopped the other {world - 1} (logs in {job.out}/logs)")
-            if all(c == 0 for c in codes):
-                return
-            time.sleep(POLL_S)
-    finally:
-        _stop(procs)
+        proc.stdin.write(json.dumps({"job": os.path.join(job.out, "job.json"), "world": world}) + "\n")
+        proc.stdin.flush()
+        line = replies.readline()
+    except BaseException:
+        proc.terminate()
+        proc.wait()
+        raise
+    if not line:
+        raise RuntimeError("torchref.zygote exited unexpectedly")
+    res = json.loads(line)
+    if res["status"] != "ok":
+        r, c = res["rank"], res["code"]
+        why = f"signal {-c}" if c < 0 else f"exit code {c}"
+        raise WorkerDied(f"strategy={job.ref.strategy}: process rank {r} of {world} died ({why}); "
+                         f"stopped the other {world - 1} (logs in {job.out}/logs)")
 
 
 def run_mpi(job, world: int) -> None:
     mpiexec = check_mpi()
-    log = open(os.path.join(job.out, "logs", "mpiexec.log"), "w")
+    log = open(os.path.join(job.out, "logs", "mpiexec.log"), "w")  # noqa: SIM115 - closed in finally
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [mpiexec, "-n", str(world), sys.executable, "-m", "torchref.worker", os.path.join(job.out, "job.json")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=env, text=True, start_new_session=True)
@@ -180,9 +180,6 @@ def train(cfg: Config, ref: RefConfig) -> dict:
         check_mpi()
     if ref.ps.async_ and (ref.backend == "nccl" or (ref.backend == "auto" and _cuda())):
         raise ConfigError("ps.async=true needs backend=gloo (NCCL cannot receive from any source)")
-    if strategy.launcher == "fork":
-        # Import once here so every forked rank starts warm (the transformers import is ~7 s).
-        import transformers.models.gpt2.modeling_gpt2  # noqa: F401
     job = prepare(cfg, ref)
     world = strategy.world_size(ref.workers)
     os.makedirs(os.path.join(job.out, "logs"), exist_ok=True)

@@ -36,7 +36,7 @@ class Job:
                            "init_dir": self.init_dir, "out": self.out, "port": self.port}, indent=2)
 
     @staticmethod
-    def from_json(s: str) -> "Job":
+    def from_json(s: str) -> Job:
         d = json.loads(s)
         return Job(from_dict(d["cfg"]), ref_from_dict(d["ref"]), d["data_dir"], d["init_dir"], d["out"], d["port"])
 
@@ -141,7 +141,7 @@ class Metrics:
     def __init__(self, ctx: Context, **static):
         self.ctx, self.static = ctx, static
         self.path = os.path.join(ctx.job.out, "metrics.jsonl")
-        self.f = open(self.path, "a")
+        self.f = open(self.path, "a")  # noqa: SIM115 - closed by close()
         self.tokens = ctx.t.batch_size * ctx.t.seq_len
 
     def log(self, step: int, loss: float, step_time: float, **fields) -> None:

@@ -37,7 +37,7 @@ def main() -> None:
         if rank != 0:
             os.dup2(fd, 1)
         run_process(job, rank, comm.Get_size())
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - any failure must end this rank
         traceback.print_exc()
         sys.stderr.flush()
         comm.Abort(1)

@@ -11,7 +11,8 @@ strategies all compute the same update as `single`:
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 

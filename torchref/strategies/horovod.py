@@ -80,7 +80,7 @@ class FusionEngine(Hooks):
             try:
                 self.reduce(self.comm, buf, self.counter)
                 self.done.put((buf, ps, None))
-            except BaseException as e:  # surfaced on the main thread in after_backward
+            except BaseException as e:  # noqa: BLE001  # surfaced on the main thread in after_backward
                 self.done.put((buf, ps, e))
 
     # ---- main thread (synchronize)

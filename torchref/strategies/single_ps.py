@@ -24,8 +24,7 @@ import torch
 import torch.distributed as dist
 
 from torchref.comm import ByteCounter, flatten, unflatten_into
-from torchref.model import (build_model, clip_grads_, hf_state_dict, loss_fn, lr_at, make_optimizer, save_weights,
-                            set_lr)
+from torchref.model import build_model, clip_grads_, hf_state_dict, loss_fn, lr_at, make_optimizer, save_weights, set_lr
 from torchref.runtime import Metrics, timer
 from torchref.strategies.base import Strategy
 
