@@ -108,12 +108,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{'err':>8}")
     for i in idx:
         # One subprocess per config: a compiler crash (seen for pipe×tensor in bf16) costs one row.
-        p = subprocess.run([sys.executable, __file__, "--one", str(i + 1)], capture_output=True, text=True)
+        p = subprocess.run([sys.executable, __file__, "--one", str(i + 1)], check=False, capture_output=True, text=True)
         line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None:
             err = next((ln for ln in reversed(p.stderr.splitlines()) if ln.startswith(("F", "E", "jax", "Error",
                                                                                        "Traceback"))), "")
-            print(f"{i + 1:>2} {str(CONFIGS[i]):<28} did not compile (rc {p.returncode}): {err[:120]}", flush=True)
+            print(f"{i + 1:>2} {CONFIGS[i]!s:<28} did not compile (rc {p.returncode}): {err[:120]}", flush=True)
             rows.append({"config": CONFIGS[i], "error": f"rc {p.returncode}: {err[:300]}"})
             continue
         r = json.loads(line[len("RESULT "):])

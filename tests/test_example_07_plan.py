@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_example_07_plans_and_trains(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "07_plan.py"), "--steps", "2", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=600, env=clean_env(), cwd=ROOT)
+                       check=False, capture_output=True, text=True, timeout=600, env=clean_env(), cwd=ROOT)
     assert r.returncode == 0, r.stderr
     out = r.stdout
     plan = json.loads((tmp_path / "plan_gpt2-xl_64xh100.json").read_text())

@@ -6,8 +6,13 @@ import random
 import pytest
 
 from jaxpar.config import ConfigError
-from jaxpar.parallel.partition import (partition_layers, stage_bounds, stage_memory, stage_times,
-                                       validate_layers_per_stage)
+from jaxpar.parallel.partition import (
+    partition_layers,
+    stage_bounds,
+    stage_memory,
+    stage_times,
+    validate_layers_per_stage,
+)
 
 
 def compositions(L, S):

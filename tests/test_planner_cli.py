@@ -39,14 +39,14 @@ def test_human_table(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,msg", [
-    (["bogus=1"], "error: unknown key 'bogus' (valid: model, model.*, train.batch_size, train.seq_len, precision, "
-                  "device.*, devices, device, memory_limit, out, sweep, top, space, attention)"),
+    (["bogus=1"], ("error: unknown key 'bogus' (valid: model, model.*, train.batch_size, train.seq_len, precision, "
+                   "device.*, devices, device, memory_limit, out, sweep, top, space, attention)")),
     (["devices=0"], "error: devices=0 must be >= 1"),
     (["device=tpu"], "error: device='tpu' is not known (choose from cpu, a100-40g, a100-80g, h100, h200)"),
     (["memory_limit=big"], "error: memory_limit='big' is not a size (e.g. 16GB, 40GiB, 1.6e10)"),
     (["--fast"], "error: unknown flag '--fast' (valid: --json)"),
-    (["model=gpt5"], "error: model='gpt5' is not a preset (choose from gpt2-tiny, gpt2, gpt2-medium, gpt2-large, "
-                     "gpt2-xl)"),
+    (["model=gpt5"], ("error: model='gpt5' is not a preset (choose from gpt2-tiny, gpt2, gpt2-medium, gpt2-large, "
+                      "gpt2-xl)")),
 ])
 def test_errors_exit_2_one_line(argv, msg, capsys, tmp_path):
     assert main(argv + [f"out={tmp_path}/plan.json"]) == 2

@@ -3,8 +3,19 @@
 import pytest
 
 from jaxpar.config import PRESETS, ConfigError, ModelConfig
-from jaxpar.planner.cost import (GROUPS, Strategy, Workload, all_gather, all_reduce, axis_bandwidths, estimate,
-                                 flops_per_token, group_elems, layer_activation_bytes, ppermute)
+from jaxpar.planner.cost import (
+    GROUPS,
+    Strategy,
+    Workload,
+    all_gather,
+    all_reduce,
+    axis_bandwidths,
+    estimate,
+    flops_per_token,
+    group_elems,
+    layer_activation_bytes,
+    ppermute,
+)
 from jaxpar.planner.devices import GiB, get_device, parse_bytes
 
 XL = PRESETS["gpt2-xl"]

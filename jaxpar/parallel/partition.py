@@ -25,7 +25,7 @@ Public API (the pipeline and the planner import these):
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from jaxpar.config import ConfigError
 

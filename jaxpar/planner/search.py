@@ -91,7 +91,7 @@ def _lower_bound(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec) 
 
 def _options(w: Workload, mesh, space: SearchSpace):
     """Yield (osdp replicated groups, remat, vocab_chunks, mlp_chunks, R, microbatch list)."""
-    d, f, t, p = mesh
+    d, f, _, p = mesh
     b_rep = w.batch_size // (d * f)
     ms = [k for k in divisors(b_rep) if k <= space.max_microbatches]
     reps = [1]
