@@ -87,7 +87,7 @@ class TrainConfig:
     eval_every: int = 100  # 0 disables
     eval_batches: int = 8
     ckpt_every: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
-    log_every: int = 1
+    log_every: int = 1  # console lines every N steps (metrics.jsonl gets every step)
     remat: bool = False  # rematerialise each transformer block in backward
 
 

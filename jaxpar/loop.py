@@ -122,18 +122,19 @@ def run_train(cfg: Config) -> int:
     tokens_per_step = tc.batch_size * tc.seq_len
     flops_tok = gpt2.flops_per_token(cfg.model, tc.seq_len)
     peak = device_peak_flops(cfg) * jax.device_count()
-    logger = MetricsLogger(cfg.out, tc.steps, start, cfg.progress, enabled=is_main)
+    logger = MetricsLogger(cfg.out, tc.steps, start, cfg.progress, enabled=is_main, print_every=tc.log_every)
     if resume_step is not None:
         logger.message(f"resumed from step {start} ({os.path.join(cfg.out, 'ckpt')})")
 
     def save(step):
         ckpt.save(step, state, {"step": step, "seed": cfg.seed})
 
+    # Compile ahead of time so step 1's time and MFU exclude compilation. Multi-process runs
+    # then line up: gloo gives a peer only 30 s to join a collective's first use, and compile
+    # times differ per process.
+    x, y = data_lib.train_batch(ds, tc.seq_len, tc.batch_size, cfg.seed, start)
+    step_fn = trainer.step_fn.lower(state, trainer.put_batch(x), trainer.put_batch(y)).compile()
     if jax.process_count() > 1:
-        # Compile before the first collective runs, then line the processes up: gloo gives a
-        # peer only 30 s to join a collective's first use, and compile times differ per process.
-        x, y = data_lib.train_batch(ds, tc.seq_len, tc.batch_size, cfg.seed, start)
-        trainer.step_fn.lower(state, trainer.put_batch(x), trainer.put_batch(y)).compile()
         from jaxpar.mesh import barrier
 
         barrier("jaxpar:first-step")
@@ -143,7 +144,7 @@ def run_train(cfg: Config) -> int:
         for step in range(start, tc.steps):
             x, y = data_lib.train_batch(ds, tc.seq_len, tc.batch_size, cfg.seed, step)
             t0 = time.perf_counter()
-            state, m = trainer.step_fn(state, trainer.put_batch(x), trainer.put_batch(y))
+            state, m = step_fn(state, trainer.put_batch(x), trainer.put_batch(y))
             loss = float(m["loss"])  # blocks until the step is done
             dt = time.perf_counter() - t0
             rec = {"step": step + 1, "loss": loss, "grad_norm": float(m["grad_norm"]),

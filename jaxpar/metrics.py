@@ -23,8 +23,9 @@ def truncate_after(path: str, step: int) -> None:
 
 
 class MetricsLogger:
-    def __init__(self, out_dir: str, total_steps: int, start_step: int, progress: str = "auto", enabled=True):
-        self.enabled, self.total = enabled, total_steps
+    def __init__(self, out_dir: str, total_steps: int, start_step: int, progress: str = "auto", enabled=True,
+                 print_every: int = 1):
+        self.enabled, self.total, self.print_every = enabled, total_steps, max(print_every, 1)
         self.path = os.path.join(out_dir, METRICS_FILE)
         self.tb = None
         self.bar = None
@@ -62,7 +63,8 @@ class MetricsLogger:
             info += f" | val {rec['val_loss']:.4f}"
         if self.bar is not None:
             self.bar.update(self.task, completed=rec["step"], info=info)
-        elif self.mode == "plain":
+        elif self.mode == "plain" and (rec["step"] % self.print_every == 0 or rec["step"] == self.total
+                                       or "val_loss" in rec):
             print(f"step {rec['step']:>6}/{self.total} | {info}", flush=True)
 
     def message(self, text: str) -> None:
