@@ -33,7 +33,10 @@ def main(path: str) -> None:
     with open(os.path.join(path, "rows.json")) as f:
         spec = json.load(f)
     mcfg, params = hf.load_hf(spec["init"])
-    for i, row in enumerate(spec["rows"]):
+    with open(os.path.join(path, "todo.json")) as f:
+        todo = json.load(f)
+    for i in todo:
+        row = spec["rows"][i]
         args = list(spec["common"]) + [f"mesh.{k}={v}" for k, v in row["mesh"].items()]
         args += [f"pipeline.{k}={v}" for k, v in row["pipeline"].items()] + [f"precision={row['precision']}"]
         cfg = resolve(args)

@@ -53,7 +53,7 @@ def _e(x: float) -> str:
 
 def markdown(rep: dict) -> str:
     from parity_tests.common import OPTIMIZER_MAP
-    from parity_tests.tolerances import MODEL
+    from parity_tests.tolerances import MODEL, TRAJECTORY
 
     L = ["# jaxpar vs torchref parity", ""]
     if rep.get("model_parity"):
@@ -76,6 +76,10 @@ def markdown(rep: dict) -> str:
               "| row | precision | max loss diff (rel) | bound | max grad diff | bound | max grad-norm diff | pass |",
               "|---|---|---|---|---|---|---|---|"]
         for r in t["rows"]:
+            if "error" in r:
+                L.append(f"| {r['row']} | {r['precision']} | — | {_e(TRAJECTORY[r['precision']]['loss_rel'])} | — | "
+                         f"— | — | FAIL: {r['error'][:300]} |")
+                continue
             L.append(f"| {r['row']} | {r['precision']} | {_e(r['max_loss_rel'])} | {_e(r['loss_bound'])} | "
                      f"{_e(r['max_grad'])} | {_e(r['grad_bound'])} | {_e(r['max_grad_norm_rel'])} | "
                      f"{'PASS' if r['pass'] else 'FAIL'} |")

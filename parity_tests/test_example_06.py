@@ -30,6 +30,7 @@ def test_example_06_sharded_run_matches_reference():
     assert sum(1 for x in lines if x.startswith("| ") and x.split("|")[1].strip().isdigit()) == 10
 
 
+@pytest.mark.slow
 def test_example_06_rejects_bad_mesh_with_one_line():
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "06_parity.py"), "mesh.tensor=3"],
                        capture_output=True, text=True, timeout=300, env=clean_env(), cwd=ROOT)

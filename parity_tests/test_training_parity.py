@@ -76,9 +76,18 @@ def full_matrix(tmp_path_factory):
     return matrix.run_matrix(str(tmp_path_factory.mktemp("full")), None, log=lambda m: None)
 
 
+# Known jaxpar bug (reported, not excluded: the configuration is valid and should match).
+XLA_ABORT = ("jaxpar bug: precision=bf16 with mesh.data=2 mesh.tensor=2 mesh.pipe=2 aborts XLA while compiling "
+             "(`hlo_instruction.cc:1615] Invalid binary instruction opcode copy`, SIGABRT) in `jaxpar train` and in "
+             "jax.grad of make_loss_fn; the fp32 run of the same mesh passes")
+KNOWN_BROKEN = {"jaxpar 3-D data=2 tensor=2 pipe=2 bf16": XLA_ABORT}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [r.name for r in matrix.ROWS])
+@pytest.mark.parametrize("name", [pytest.param(r.name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BROKEN[r.name]))
+                                  if r.name in KNOWN_BROKEN else r.name for r in matrix.ROWS])
 def test_full_matrix_row(full_matrix, name):
     rows = {r["row"]: r for r in full_matrix["rows"]}
+    assert "error" not in rows[name], rows[name]["error"]
     assert len(rows) == len(matrix.ROWS)
     _check(rows[name])
