@@ -121,14 +121,14 @@ PRECISIONS = ("bf16", "fp32")
 SCHEDULES = ("gpipe", "circular")
 
 
-def _parse_value(tp: Any, raw: Any, key: str) -> Any:
+def parse_value(tp: Any, raw: Any, key: str) -> Any:
     """Coerce `raw` (a CLI string or a YAML value) to the dataclass field type `tp`."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null", "")):
             return None
-        return _parse_value(args[0], raw, key)
+        return parse_value(args[0], raw, key)
     if origin is tuple:
         (elem, _) = typing.get_args(tp)
         if isinstance(raw, str):
@@ -136,7 +136,7 @@ def _parse_value(tp: Any, raw: Any, key: str) -> Any:
             items = [s for s in raw.replace(" ", "").split(",") if s]
         else:
             items = list(raw)
-        return tuple(_parse_value(elem, x, key) for x in items)
+        return tuple(parse_value(elem, x, key) for x in items)
     if tp is bool:
         if isinstance(raw, bool):
             return raw
@@ -185,11 +185,11 @@ def apply_overrides(cfg: Config, items: dict[str, Any]) -> Config:
             if rest not in types_:
                 valid = ", ".join(f"{head}.{k}" for k in types_)
                 raise ConfigError(f"unknown key {key!r} (valid: {valid})")
-            sections.setdefault(head, {})[rest] = _parse_value(types_[rest], raw, key)
+            sections.setdefault(head, {})[rest] = parse_value(types_[rest], raw, key)
         else:
             if key not in top or key in SECTIONS or key == "model_name":
                 raise ConfigError(f"unknown key {key!r}")
-            cfg = replace(cfg, **{key: _parse_value(top[key], raw, key)})
+            cfg = replace(cfg, **{key: parse_value(top[key], raw, key)})
     for head, kv in sections.items():
         cfg = replace(cfg, **{head: replace(getattr(cfg, head), **kv)})
     return cfg
@@ -292,7 +292,7 @@ def from_dict(d: dict[str, Any]) -> Config:
     for k, v in d.items():
         if k in SECTIONS:
             types_ = _field_types(SECTIONS[k])
-            kw[k] = SECTIONS[k](**{kk: _parse_value(types_[kk], vv, f"{k}.{kk}") if vv is not None else None
+            kw[k] = SECTIONS[k](**{kk: parse_value(types_[kk], vv, f"{k}.{kk}") if vv is not None else None
                                   for kk, vv in v.items()})
         elif k in top:
             kw[k] = v

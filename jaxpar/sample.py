@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpar import data as data_lib
-from jaxpar.config import ConfigError, _parse_value
+from jaxpar.config import ConfigError, parse_value
 
 
 def generate(cfg, params, prompt_ids: np.ndarray, max_new_tokens: int, temperature: float, top_k: int, seed: int,
@@ -57,10 +57,10 @@ def run_sample(kv: dict) -> int:
     if not prepared or not data_lib.is_prepared(prepared):
         raise ConfigError(f"checkpoint={run!r}: cannot find the tokenizer (no prepared data in {run}/data)")
     tok = data_lib.load_tokenizer(prepared)
-    n = _parse_value(int, kv.get("max_new_tokens", "100"), "max_new_tokens")
-    temp = _parse_value(float, kv.get("temperature", "0.8"), "temperature")
-    top_k = _parse_value(int, kv.get("top_k", "40"), "top_k")
-    seed = _parse_value(int, kv.get("seed", "0"), "seed")
+    n = parse_value(int, kv.get("max_new_tokens", "100"), "max_new_tokens")
+    temp = parse_value(float, kv.get("temperature", "0.8"), "temperature")
+    top_k = parse_value(int, kv.get("top_k", "40"), "top_k")
+    seed = parse_value(int, kv.get("seed", "0"), "seed")
     if n <= 0:
         raise ConfigError(f"max_new_tokens={n} must be positive")
     prompt = kv.get("prompt", "\n")

@@ -27,7 +27,7 @@ import typing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from jaxpar.config import Config, ConfigError, MeshConfig, PipelineConfig, _parse_value, load_yaml, parse_kv, resolve
+from jaxpar.config import Config, ConfigError, MeshConfig, PipelineConfig, parse_value, load_yaml, parse_kv, resolve
 
 STRATEGY_NAMES = ("single", "single-ps", "distributed-ps", "horovod", "distributed-ps-amp", "horovod-amp")
 
@@ -112,7 +112,7 @@ def apply_ref_overrides(ref: RefConfig, items: dict[str, Any]) -> RefConfig:
         if not rest:
             if head in _SECTIONS:
                 raise ConfigError(f"unknown key {key!r} (use {head}.<field>)")
-            ref = replace(ref, **{head: _parse_value(hints[head], raw, key)})
+            ref = replace(ref, **{head: parse_value(hints[head], raw, key)})
             continue
         cls = _SECTIONS[head]
         types_ = typing.get_type_hints(cls)
@@ -120,7 +120,7 @@ def apply_ref_overrides(ref: RefConfig, items: dict[str, Any]) -> RefConfig:
         if name not in types_ or name == "async" or (name == "async_" and rest != "async"):
             valid = ", ".join(f"{head}.{'async' if f == 'async_' else f}" for f in types_)
             raise ConfigError(f"unknown key {key!r} (valid: {valid})")
-        sections.setdefault(head, {})[name] = _parse_value(types_[name], raw, key)
+        sections.setdefault(head, {})[name] = parse_value(types_[name], raw, key)
     for head, kv in sections.items():
         ref = replace(ref, **{head: replace(getattr(ref, head), **kv)})
     return ref
