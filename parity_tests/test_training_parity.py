@@ -82,7 +82,7 @@ XLA_ABORT = ("jaxpar bug: precision=bf16 with mesh.data=2 mesh.tensor=2 mesh.pip
              "jax.grad of make_loss_fn; the fp32 run of the same mesh passes")
 # Measured: single-device bf16 step-1 gradients of the biases are 2.7e-2 (L2, h.1.attn.c_attn.bias) off fp32,
 # vs 7e-3 on a data=2 fsdp=2 tensor=2 mesh and 5e-3 for torch autocast. jaxpar adds biases as bf16
-# (`+ pol.cast(bias)`), so a bias gradient is a bf16 sum over all B*T tokens of one device before the fp32
+# (`+ pol.cast(bias)`), so a bias gradient is (likely; not yet isolated) a bf16 sum over all B*T tokens of one device before the fp32
 # cast; sharding splits that sum and finishes it in fp32, which is why the mesh passes. precision.py promises
 # fp32 gradient reduction; the fix belongs in models/gpt2.py (add biases in fp32 / upcast the cotangent).
 BF16_BIAS = ("jaxpar bug: bf16 bias gradients reduced in bf16 over B*T on one device: 2.7e-2 > 4u = 1.6e-2 "
