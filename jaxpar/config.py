@@ -88,7 +88,18 @@ class TrainConfig:
     eval_batches: int = 8
     ckpt_every: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
     log_every: int = 1  # console lines every N steps (metrics.jsonl gets every step)
-    remat: bool = False  # rematerialise each transformer block in backward
+    # none | selective (recompute the attention core: scores, softmax, probs·V) | full (recompute
+    # each block); true/false are accepted as full/none
+    remat: str = "none"
+    vocab_chunks: int = 1  # >1: logits + cross-entropy in this many token chunks (jaxpar.ops)
+    mlp_chunks: int = 1  # >1: MLP hidden dim in this many chunks, each recomputed in backward
+
+
+@dataclass(frozen=True)
+class ShardingConfig:
+    """Per-group OSDP: parameter groups (embed, attn, mlp) kept replicated over `fsdp`."""
+
+    replicate: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,6 +114,7 @@ class Config:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
     model_name: str = "gpt2"  # preset the model section started from
     data: str = ""  # "" -> built-in corpus (tiny Shakespeare, shipped in the package)
     tokenizer: str = "byte"  # used when `data` is raw text: byte | bpe | <GPT-2 tokenizer dir>
@@ -119,6 +131,9 @@ class Config:
 
 PRECISIONS = ("bf16", "fp32")
 SCHEDULES = ("gpipe", "circular")
+REMATS = ("none", "selective", "full")
+REMAT_ALIASES = {"true": "full", "false": "none"}  # train.remat used to be a bool
+PARAM_GROUPS = ("embed", "attn", "mlp")  # OSDP groups (jaxpar.sharding.PARAM_GROUPS)
 
 
 def parse_value(tp: Any, raw: Any, key: str) -> Any:
@@ -162,7 +177,8 @@ def _field_types(cls) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in fields(cls)}
 
 
-SECTIONS = {"model": ModelConfig, "mesh": MeshConfig, "pipeline": PipelineConfig, "train": TrainConfig, "eval": EvalConfig}
+SECTIONS = {"model": ModelConfig, "mesh": MeshConfig, "pipeline": PipelineConfig, "train": TrainConfig, "eval": EvalConfig,
+            "sharding": ShardingConfig}
 
 
 def apply_overrides(cfg: Config, items: dict[str, Any]) -> Config:
@@ -253,6 +269,23 @@ def validate(cfg: Config) -> Config:
     for name in ("eval_every", "ckpt_every", "warmup_steps", "eval_batches"):
         if getattr(t, name) < 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")
+    remat = REMAT_ALIASES.get(str(t.remat).lower(), str(t.remat).lower())
+    if remat not in REMATS:
+        raise ConfigError(f"train.remat={t.remat!r} must be one of {', '.join(REMATS)} (or true/false)")
+    if remat != t.remat:
+        t = replace(t, remat=remat)
+        cfg = replace(cfg, train=t)
+    for name in ("vocab_chunks", "mlp_chunks"):
+        if getattr(t, name) <= 0:
+            raise ConfigError(f"train.{name}={getattr(t, name)} must be positive")
+    if t.seq_len % t.vocab_chunks:
+        raise ConfigError(f"train.seq_len={t.seq_len} is not divisible by train.vocab_chunks={t.vocab_chunks}")
+    if (4 * m.n_embd) % t.mlp_chunks:
+        raise ConfigError(f"4*model.n_embd={4 * m.n_embd} is not divisible by train.mlp_chunks={t.mlp_chunks}")
+    bad_groups = [g for g in cfg.sharding.replicate if g not in PARAM_GROUPS]
+    if bad_groups:
+        raise ConfigError(f"sharding.replicate={','.join(cfg.sharding.replicate)} names unknown groups "
+                          f"({', '.join(bad_groups)}); choose from {', '.join(PARAM_GROUPS)}")
     if t.lr <= 0:
         raise ConfigError(f"train.lr={t.lr} must be positive")
     if t.seq_len > m.n_positions:

@@ -45,6 +45,15 @@ FSDP_PARAM_RULES = {"embed": "fsdp"}
 # c_proj row-parallel, vocab-parallel embedding and logits.
 TP_PARAM_RULES = {"heads": "tensor", "mlp": "tensor", "vocab": "tensor"}
 
+# ---- per-group OSDP (`sharding.replicate=embed,attn,mlp`): parameter groups, by path prefix,
+# that keep the data-parallel rules (replicated over fsdp) while the others are ZeRO-3 sharded.
+# Same groups as the planner's cost model (jaxpar.planner.cost.GROUPS).
+PARAM_GROUPS = {
+    "embed": ("wte", "wpe", "ln_f"),
+    "attn": ("h.ln_1", "h.attn"),
+    "mlp": ("h.ln_2", "h.mlp"),
+}
+
 # ---- activation rules: batch over the data-parallel axes; inside a block the head / mlp
 # dims follow the parameters' tensor split; the residual stream (embed) stays whole
 # (no sequence parallelism), so each row-parallel matmul ends in one all-reduce.
@@ -59,10 +68,11 @@ STRATEGIES: dict[str, MeshConfig] = {
 }
 
 
-def param_rules(mc: MeshConfig) -> dict:
-    """Parameter rules for the axes in use (size != 1), composed data -> fsdp -> tensor."""
+def param_rules(mc: MeshConfig, replicated: bool = False) -> dict:
+    """Parameter rules for the axes in use (size != 1), composed data -> fsdp -> tensor.
+    replicated: an OSDP group kept whole over fsdp (the fsdp table is skipped)."""
     rules: dict = dict(DP_PARAM_RULES)
-    if mc.fsdp != 1:
+    if mc.fsdp != 1 and not replicated:
         rules.update(FSDP_PARAM_RULES)
     if mc.tensor != 1:
         rules.update(TP_PARAM_RULES)
@@ -79,6 +89,33 @@ def param_specs(axes_tree, rules) -> dict:
     import jax
 
     return jax.tree.map(lambda a: spec_for(a, rules), axes_tree, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def group_of(path: str) -> str:
+    """OSDP group of a dotted parameter path ("h.attn.c_attn.weight" -> "attn")."""
+    for g, prefixes in PARAM_GROUPS.items():
+        if any(path == p or path.startswith(p + ".") for p in prefixes):
+            return g
+    raise KeyError(path)
+
+
+def grouped_param_specs(axes_tree, mc: MeshConfig, replicate=(), extra_rules: dict | None = None) -> dict:
+    """param_specs with per-group rules: groups in `replicate` skip the fsdp table.
+    `extra_rules` (e.g. the pipeline's `layers` -> pipe) apply to every group."""
+    import jax
+
+    extra = extra_rules or {}
+    by_group = {g: {**param_rules(mc, g in replicate), **extra} for g in PARAM_GROUPS}
+
+    def one(path, a):
+        return spec_for(a, by_group[group_of(".".join(k.key for k in path))])
+
+    return jax.tree_util.tree_map_with_path(one, axes_tree, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def block_group_rules(mc: MeshConfig, replicate=()) -> dict:
+    """Rules per top-level block key (ln_1, attn, ln_2, mlp): for code that walks BLOCK_AXES."""
+    return {k: param_rules(mc, group_of(f"h.{k}") in replicate) for k in ("ln_1", "attn", "ln_2", "mlp")}
 
 
 def named(mesh, specs):

@@ -8,11 +8,16 @@ so tiny entries do not blow it up). Same weights (numpy init, device_put) and sa
 * bf16 (bf16 matmul inputs/activations, fp32 params, grads and reductions): a different sum
   order changes which bf16 roundings happen; differences grow to ~1e-3 on the loss and
   ~1e-2 on gradients after 5 steps. Bounds: loss 1e-2, grads 5e-2.
+
+Operator splitting (jaxpar.ops) and remat are exact rewrites of the model on one device.
 """
 
 SHARDED_VS_SINGLE = {
     "fp32": {"loss": 1e-5, "grad": 1e-5},
     "bf16": {"loss": 1e-2, "grad": 5e-2},
 }
+# Operator splitting / remat vs the plain model, fp32, one device: only the summation order of
+# the MLP's chunked second matmul and the scan over loss chunks change (inf-norm, as above).
+CHUNKED_VS_PLAIN = {"loss": 1e-6, "grad": 1e-6}
 # Multi-process (2 processes × 2 devices) vs one process × 4 devices, fp32 losses.
 MULTIPROCESS_VS_SINGLE = {"loss": 1e-5}

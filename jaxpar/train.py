@@ -105,7 +105,8 @@ def make_loss_fn(cfg: Config, mesh) -> Callable:
 
     def loss(params, inputs, targets, key):
         with activation_rules(mesh, rules):
-            return gpt2.loss_fn(mc, params, inputs, targets, policy, key, cfg.train.remat)
+            return gpt2.loss_fn(mc, params, inputs, targets, policy, key, cfg.train.remat,
+                                cfg.train.vocab_chunks, cfg.train.mlp_chunks)
 
     return loss
 
@@ -115,12 +116,13 @@ def build_trainer(cfg: Config, mesh=None) -> Trainer:
     mesh = build_mesh(cfg.mesh) if mesh is None else mesh
     tc = cfg.train
     tx = make_optimizer(tc)
-    rules = shd.param_rules(cfg.mesh)
+    extra: dict = {}
     if mesh.shape.get("pipe", 1) > 1:  # stacked `layers` dim over `pipe` (stage ownership)
         from jaxpar.parallel.pipeline import pipe_param_rules
 
-        rules = {**rules, **pipe_param_rules(cfg.model, mesh)}
-    param_specs = shd.param_specs(gpt2.param_axes(cfg.model), rules)
+        extra = pipe_param_rules(cfg.model, mesh)
+    # per-group OSDP: groups in sharding.replicate stay whole over fsdp, the rest ZeRO-3
+    param_specs = shd.grouped_param_specs(gpt2.param_axes(cfg.model), cfg.mesh, cfg.sharding.replicate, extra)
     abstract = gpt2.abstract_params(cfg.model)
     opt_specs = optax.tree_map_params(tx, lambda _, s: s, jax.eval_shape(tx.init, abstract), param_specs,
                                       transform_non_params=lambda _: PartitionSpec(),

@@ -99,26 +99,28 @@ def test_plan_auto_overrides_apply_to_train_config(tmp_path):
     m = new.mesh
     assert m.data * m.fsdp * m.tensor * m.pipe == 8
     assert (m.data, m.fsdp, m.tensor, m.pipe) == tuple(plan.mesh[k] for k in ("data", "fsdp", "tensor", "pipe"))
-    assert new.train.remat == (plan.data["remat"] == "full")
+    assert new.train.remat == plan.data["remat"]
+    assert (new.train.vocab_chunks, new.train.mlp_chunks) == (plan.data["vocab_chunks"], plan.data["mlp_chunks"])
     other = apply_overrides(cfg, {"train.seq_len": "32"})
     with pytest.raises(ConfigError) as e:
         plan_to_overrides(plan, 8, other)
     assert str(e.value) == "plan was made for train.seq_len=64 (config has 32)"
 
 
-def test_plan_with_untrainable_features_is_refused(tmp_path):
+def test_plan_with_selective_splitting_and_osdp_applies(tmp_path):
     plan = _small_plan(tmp_path)
-    plan.data.update({"remat": "selective"})
-    with pytest.raises(ConfigError, match=r"^plan uses remat=selective, vocab_chunks=\d+, mlp_chunks=\d+; "
-                                          r"jaxpar train supports remat=none\|full"):
-        plan_to_overrides(plan, 8)
-    plan.data.update({"remat": "none", "vocab_chunks": 1, "mlp_chunks": 1,
-                      "mesh": {"data": 2, "fsdp": 4, "tensor": 1, "pipe": 1},
-                      "osdp": {"embed": "replicated", "attn": "sharded", "mlp": "sharded"}})
+    plan.data.update({"remat": "selective", "vocab_chunks": 8, "mlp_chunks": 4,
+                      "mesh": {"data": 2, "fsdp": 4, "tensor": 1, "pipe": 1}, "microbatches": 1,
+                      "osdp": {"embed": "replicated", "attn": "sharded", "mlp": "replicated"}})
+    ov = plan_to_overrides(plan, 8)
+    assert {k: ov[k] for k in ("train.remat", "train.vocab_chunks", "train.mlp_chunks", "sharding.replicate",
+                               "mesh.fsdp")} == {"train.remat": "selective", "train.vocab_chunks": "8",
+                                                 "train.mlp_chunks": "4", "sharding.replicate": "embed,mlp",
+                                                 "mesh.fsdp": "4"}
+    plan.data.update({"mlp_chunks": 3})
     with pytest.raises(ConfigError) as e:
         plan_to_overrides(plan, 8)
-    assert str(e.value) == ("plan keeps embed replicated over fsdp=4; jaxpar train shards every group over fsdp "
-                            "(re-plan with space=train)")
+    assert str(e.value).startswith("plan uses vocab_chunks=8, mlp_chunks=3; jaxpar train needs them to divide ")
 
 
 def test_load_plan_errors(tmp_path):

@@ -72,3 +72,23 @@ def test_local_shard_elements(mc, elements):
         L, D = m.n_layer, m.n_embd
         whole = m.n_positions * D + L * (4 * D + 2 * D) + 2 * D
         assert n == (m.num_params() - whole) // 4 + whole
+
+
+def test_osdp_replicated_groups_skip_fsdp():
+    """sharding.replicate=embed,mlp: those groups keep the data-parallel specs, attn stays ZeRO-3."""
+    import jax
+    from jax.sharding import PartitionSpec
+
+    from jaxpar.config import MeshConfig, PRESETS
+    from jaxpar.models import gpt2
+    from jaxpar.sharding import grouped_param_specs, param_rules, param_specs, spec_to_json
+
+    mc, m = MeshConfig(data=2, fsdp=4), PRESETS["gpt2-tiny"]
+    axes = gpt2.param_axes(m)
+    flat = lambda t: {".".join(k.key for k in p): spec_to_json(s) for p, s in  # noqa: E731
+                      jax.tree_util.tree_flatten_with_path(t, is_leaf=lambda x: isinstance(x, PartitionSpec))[0]}
+    got = flat(grouped_param_specs(axes, mc, ("embed", "mlp")))
+    sharded, repl = flat(param_specs(axes, param_rules(mc))), flat(param_specs(axes, {}))
+    assert got == {k: (sharded[k] if k.startswith(("h.ln_1", "h.attn")) else repl[k]) for k in got}
+    assert got["h.attn.c_attn.weight"] == [None, "fsdp", None, None, None] and got["wte.weight"] == [None, None]
+    assert flat(grouped_param_specs(axes, mc)) == sharded  # default: every group sharded

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxpar import ops
 from jaxpar.config import ModelConfig
 from jaxpar.logical import constrain
 from jaxpar.precision import Policy, get_policy
@@ -152,25 +153,34 @@ class Attention(nnx.Module):
         self.c_proj_w = _param(p["c_proj"]["weight"], axes["c_proj"]["weight"])
         self.c_proj_b = _param(p["c_proj"]["bias"], axes["c_proj"]["bias"])
         self.policy, self.dropout = policy, cfg.dropout
+        self.remat_core = False  # remat=selective: recompute scores/softmax/probs·V in backward
 
     def __call__(self, x, key=None):  # x: (B, T, D) compute dtype
         pol = self.policy
         # (B, T, D) x (D, 3, N, Hd) -> (B, T, 3, N, Hd)
         qkv = jnp.einsum("btd,dcnh->btcnh", x, pol.cast(self.c_attn_w[...])) + pol.cast(self.c_attn_b[...])
         q, k, v = (constrain(qkv[:, :, i], ("batch", "seq", "heads", "head_dim")) for i in range(3))
-        T, hd = x.shape[1], q.shape[-1]
+        k1 = None
+        if key is not None:
+            k1, key = jax.random.split(key)
+        # selective remat saves q, k, v and o only: the (B, N, T, T) scores and probs are recomputed
+        core = jax.checkpoint(self._core, prevent_cse=False) if self.remat_core else self._core
+        o = core(q, k, v, k1)
+        # (B, T, N, Hd) x (N, Hd, D) -> (B, T, D): row-parallel under tensor sharding
+        y = jnp.einsum("btnh,nhd->btd", o, pol.cast(self.c_proj_w[...])) + pol.cast(self.c_proj_b[...])
+        return _dropout(y, self.dropout, key)
+
+    def _core(self, q, k, v, key):  # (B, T, N, Hd) x3 -> (B, T, N, Hd)
+        pol = self.policy
+        T, hd = q.shape[1], q.shape[-1]
         # Scores and softmax in fp32: (B, N, T, T)
         s = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
         causal = jnp.tril(jnp.ones((T, T), dtype=bool))
         s = jnp.where(causal, s, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(s, axis=-1)
         if key is not None:
-            k1, key = jax.random.split(key)
-            probs = _dropout(probs, self.dropout, k1)
-        o = jnp.einsum("bnts,bsnh->btnh", probs.astype(pol.compute_dtype), v)
-        # (B, T, N, Hd) x (N, Hd, D) -> (B, T, D): row-parallel under tensor sharding
-        y = jnp.einsum("btnh,nhd->btd", o, pol.cast(self.c_proj_w[...])) + pol.cast(self.c_proj_b[...])
-        return _dropout(y, self.dropout, key)
+            probs = _dropout(probs, self.dropout, key)
+        return jnp.einsum("bnts,bsnh->btnh", probs.astype(pol.compute_dtype), v)
 
 
 class MLP(nnx.Module):
@@ -180,9 +190,14 @@ class MLP(nnx.Module):
         self.c_proj_w = _param(p["c_proj"]["weight"], axes["c_proj"]["weight"])
         self.c_proj_b = _param(p["c_proj"]["bias"], axes["c_proj"]["bias"])
         self.policy, self.dropout = policy, cfg.dropout
+        self.chunks = 1  # train.mlp_chunks: > 1 runs jaxpar.ops.chunked_mlp
 
     def __call__(self, x, key=None):  # (B, T, D) -> (B, T, F) -> (B, T, D)
         pol = self.policy
+        if self.chunks > 1:
+            y = ops.chunked_mlp(x, self.c_fc_w[...], self.c_fc_b[...], self.c_proj_w[...], self.c_proj_b[...],
+                                self.chunks, pol.cast)
+            return _dropout(y, self.dropout, key)
         h = x @ pol.cast(self.c_fc_w[...]) + pol.cast(self.c_fc_b[...])
         h = constrain(jax.nn.gelu(h, approximate=True), ("batch", "seq", "mlp"))
         y = h @ pol.cast(self.c_proj_w[...]) + pol.cast(self.c_proj_b[...])
@@ -208,21 +223,37 @@ class Block(nnx.Module):
         return constrain(x, ("batch", "seq", "embed"))
 
 
-def block_apply(cfg: ModelConfig, policy: Policy, layer_params: Params, x, key=None):
-    """One transformer block as a pure function of its (unstacked) params: (B, T, D) -> (B, T, D)."""
-    return Block(cfg, layer_params, BLOCK_AXES, policy)(x, key)
+def block_apply(cfg: ModelConfig, policy: Policy, layer_params: Params, x, key=None, selective: bool = False,
+                mlp_chunks: int = 1):
+    """One transformer block as a pure function of its (unstacked) params: (B, T, D) -> (B, T, D).
+    selective: recompute the attention core in backward; mlp_chunks: see jaxpar.ops.chunked_mlp."""
+    block = Block(cfg, layer_params, BLOCK_AXES, policy)
+    block.attn.remat_core, block.mlp.chunks = selective, mlp_chunks
+    return block(x, key)
 
 
-def run_blocks(cfg: ModelConfig, policy: Policy, stacked: Params, x, key=None, remat: bool = False):
+def remat_mode(remat: bool | str) -> str:
+    """train.remat value -> "none" | "selective" | "full" (bools from older callers: True = full)."""
+    if isinstance(remat, bool) or remat is None:
+        return "full" if remat else "none"
+    return remat
+
+
+def run_blocks(cfg: ModelConfig, policy: Policy, stacked: Params, x, key=None, remat: bool | str = False,
+               mlp_chunks: int = 1):
     """Scan `block_apply` over a stack of layers (leading dim of every leaf). Pipeline
-    stages call this on their own slice of the stack."""
+    stages call this on their own slice of the stack.
+
+    remat: "none" | "selective" (attention scores/softmax recomputed, matmul outputs saved) |
+    "full" (jax.checkpoint of each block: only its input is saved); True/False = full/none."""
     n = jax.tree.leaves(stacked)[0].shape[0]
+    mode = remat_mode(remat)
 
     def body(h, xs):
         layer_params, k = xs
-        return block_apply(cfg, policy, layer_params, h, k), None
+        return block_apply(cfg, policy, layer_params, h, k, mode == "selective", mlp_chunks), None
 
-    if remat:
+    if mode == "full":
         body = jax.checkpoint(body, prevent_cse=False)
     keys = None if key is None else jax.random.split(key, n)
     x, _ = jax.lax.scan(body, x, (stacked, keys))
@@ -233,10 +264,12 @@ class GPT2(nnx.Module):
     """GPT2LMHeadModel. `embed` -> `blocks` -> `head` are separate so pipeline stages
     can run the first and last parts on their own stages."""
 
-    def __init__(self, cfg: ModelConfig, params: Params, policy: Policy | str = "fp32", remat: bool = False):
+    def __init__(self, cfg: ModelConfig, params: Params, policy: Policy | str = "fp32", remat: bool | str = False,
+                 vocab_chunks: int = 1, mlp_chunks: int = 1):
         policy = get_policy(policy) if isinstance(policy, str) else policy
         axes = param_axes(cfg)
         self.cfg, self.policy, self.remat = cfg, policy, remat
+        self.vocab_chunks, self.mlp_chunks = vocab_chunks, mlp_chunks
         self.wte = _param(params["wte"]["weight"], axes["wte"]["weight"])
         self.wpe = _param(params["wpe"]["weight"], axes["wpe"]["weight"])
         # The stacked blocks stay a plain dict of Params: `run_blocks` scans over them.
@@ -251,12 +284,18 @@ class GPT2(nnx.Module):
 
     def blocks(self, x, key=None):
         stacked = jax.tree.map(lambda v: v[...], self.h, is_leaf=lambda v: isinstance(v, nnx.Variable))
-        return run_blocks(self.cfg, self.policy, stacked, x, key, self.remat)
+        return run_blocks(self.cfg, self.policy, stacked, x, key, self.remat, self.mlp_chunks)
 
     def head(self, x):  # (B, T, D) -> (B, T, V) fp32 logits via the tied embedding
         x = self.ln_f(x)
         logits = jnp.einsum("btd,vd->btv", x, self.policy.cast(self.wte[...]), preferred_element_type=jnp.float32)
         return constrain(logits, ("batch", "seq", "vocab"))
+
+    def loss(self, x, targets):  # (B, T, D), (B, T) -> mean fp32 cross-entropy
+        if self.vocab_chunks == 1:
+            return cross_entropy(self.head(x), targets)
+        # never materialises the (B, T, V) logits: jaxpar.ops.chunked_cross_entropy
+        return ops.chunked_cross_entropy(self.ln_f(x), self.policy.cast(self.wte[...]), targets, self.vocab_chunks)
 
     def __call__(self, tokens, key=None):
         k_embed = k_blocks = None
@@ -286,8 +325,14 @@ def forward(cfg: ModelConfig, params: Params, tokens, policy: Policy | str = "fp
     return GPT2(cfg, params, policy, remat)(tokens, key)
 
 
-def loss_fn(cfg: ModelConfig, params: Params, tokens, targets, policy: Policy | str = "fp32", key=None, remat=False):
-    return cross_entropy(forward(cfg, params, tokens, policy, key, remat), targets)
+def loss_fn(cfg: ModelConfig, params: Params, tokens, targets, policy: Policy | str = "fp32", key=None, remat=False,
+            vocab_chunks: int = 1, mlp_chunks: int = 1):
+    """Mean fp32 loss; vocab_chunks / mlp_chunks > 1 split the head+loss / MLP (jaxpar.ops)."""
+    k_embed = k_blocks = None
+    if key is not None:
+        k_embed, k_blocks = jax.random.split(key)
+    model = GPT2(cfg, params, policy, remat, vocab_chunks, mlp_chunks)
+    return model.loss(model.blocks(model.embed(tokens, k_embed), k_blocks), targets)
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

@@ -208,7 +208,8 @@ def _varying(x, axes) -> jax.Array:
 
 
 def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage_params, x, microbatches: int,
-                    block_param_rules: dict, key=None, remat: bool = True, iterations: int | None = None):
+                    block_param_rules: dict, key=None, remat: bool = True, iterations: int | None = None,
+                    mlp_chunks: int = 1):
     """Run the transformer blocks as a pipeline. x (B, T, D) -> (B, T, D).
 
     stage_params: block params in (R, S, Lmax, ...) layout (`to_stage_layout`).
@@ -230,8 +231,11 @@ def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage
     xm = jax.lax.with_sharding_constraint(xm, NamedSharding(mesh, P(None, BATCH)))
 
     # shard_map specs: stage dim over pipe; block dims keep their fsdp sharding (gathered inside).
-    block_specs = jax.tree.map(lambda a: spec_for(a, block_param_rules), gpt2.BLOCK_AXES,
-                               is_leaf=lambda a: isinstance(a, tuple))
+    # block_param_rules: one rules dict, or one per top-level block key (per-group OSDP,
+    # sharding.block_group_rules)
+    per_key = set(block_param_rules) == set(gpt2.BLOCK_AXES)
+    block_specs = {k: jax.tree.map(lambda a, k=k: spec_for(a, block_param_rules[k] if per_key else block_param_rules),
+                                   sub, is_leaf=lambda a: isinstance(a, tuple)) for k, sub in gpt2.BLOCK_AXES.items()}
     w_specs = jax.tree.map(lambda sp: P(None, "pipe", None, *_manual_spec(sp)), block_specs,
                            is_leaf=lambda a: isinstance(a, P))
     valid = jnp.asarray(layout.valid)
@@ -244,7 +248,7 @@ def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage
 
         def layer(h, xs):
             lp, v, kk = xs
-            y = gpt2.block_apply(mc, policy, lp, h, kk)
+            y = gpt2.block_apply(mc, policy, lp, h, kk, mlp_chunks=mlp_chunks)
             return (jnp.where(v, y, h) if masked else y), None
 
         h, _ = jax.lax.scan(layer, h, (w, ok, keys))
@@ -335,19 +339,19 @@ def make_pipeline_loss_fn(cfg: Config, mesh) -> Callable:
     layout = make_layout(check_pipeline(pipe_cfg, S, warn=False), S, cfg.pipeline.repeats)
     policy, mc, M = get_policy(cfg.precision), cfg.model, cfg.pipeline.microbatches
     rules = outer_activation_rules(pipe_cfg, mesh)
-    block_rules = shd.param_rules(pipe_cfg.mesh)
+    block_rules = shd.block_group_rules(pipe_cfg.mesh, cfg.sharding.replicate)
 
     def loss(params, inputs, targets, key):
         k_embed = k_blocks = None
         if key is not None:
             k_embed, k_blocks = jax.random.split(key)
         with activation_rules(mesh, rules):
-            model = gpt2.GPT2(mc, params, policy)
+            model = gpt2.GPT2(mc, params, policy, vocab_chunks=cfg.train.vocab_chunks)
             x = model.embed(inputs, k_embed)
             w = to_stage_layout(params["h"], layout)
-            y = pipeline_blocks(mc, policy, mesh, layout, w, x, M, block_rules, k_blocks, remat=True)
-            logits = model.head(y)
-            return gpt2.cross_entropy(logits, targets)
+            y = pipeline_blocks(mc, policy, mesh, layout, w, x, M, block_rules, k_blocks, remat=True,
+                                mlp_chunks=cfg.train.mlp_chunks)
+            return model.loss(y, targets)
 
     return loss
 

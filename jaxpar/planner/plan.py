@@ -128,10 +128,11 @@ def plan_to_overrides(plan: Plan, n_devices: int, cfg=None) -> dict[str, str]:
     """Config overrides (dotted key -> string) that make `jaxpar train` run `plan`.
 
     Refuses (ConfigError) a plan made for another device count, for another model / batch /
-    seq_len / precision than `cfg` (a jaxpar.config.Config, optional), or one that needs a
-    feature train cannot express yet (selective remat, op splitting, mixed per-group OSDP;
-    re-plan with `space=train`). A plan whose groups are all replicated over fsdp is the same
-    as plain data parallelism, so fsdp folds into data.
+    seq_len / precision than `cfg` (a jaxpar.config.Config, optional), or one whose splitting
+    train cannot run (vocab_chunks not dividing seq_len, mlp_chunks not dividing 4·n_embd).
+    Remat (none|selective|full), op splitting (train.vocab_chunks / train.mlp_chunks) and
+    per-group OSDP (sharding.replicate) all apply. A plan whose groups are all replicated over
+    fsdp is the same as plain data parallelism, so fsdp folds into data.
     """
     if plan.devices != n_devices:
         raise ConfigError(f"plan was made for devices={plan.devices}, but {n_devices} devices are available "
@@ -149,17 +150,19 @@ def plan_to_overrides(plan: Plan, n_devices: int, cfg=None) -> dict[str, str]:
         if diff:
             raise ConfigError(f"plan was made for {', '.join(diff)}")
     s = plan.strategy
-    if s.remat == "selective" or s.vocab_chunks > 1 or s.mlp_chunks > 1:
-        raise ConfigError(f"plan uses remat={s.remat}, vocab_chunks={s.vocab_chunks}, mlp_chunks={s.mlp_chunks}; "
-                          f"jaxpar train supports remat=none|full without op splitting (re-plan with space=train)")
+    if s.remat not in ("none", "selective", "full"):
+        raise ConfigError(f"plan uses remat={s.remat!r}; jaxpar train supports remat=none|selective|full")
+    D = d["model"]["n_embd"]
+    if d["seq_len"] % s.vocab_chunks or (4 * D) % s.mlp_chunks:
+        raise ConfigError(f"plan uses vocab_chunks={s.vocab_chunks}, mlp_chunks={s.mlp_chunks}; jaxpar train needs "
+                          f"them to divide seq_len={d['seq_len']} and 4*n_embd={4 * D}")
     data, fsdp = s.data, s.fsdp
-    if fsdp > 1 and len(s.replicated) == len(GROUPS):
-        data, fsdp = data * fsdp, 1
-    elif s.replicated:
-        raise ConfigError(f"plan keeps {', '.join(s.replicated)} replicated over fsdp={fsdp}; jaxpar train shards "
-                          f"every group over fsdp (re-plan with space=train)")
+    replicated = tuple(g for g in GROUPS if g in s.replicated)
+    if fsdp > 1 and len(replicated) == len(GROUPS):
+        data, fsdp, replicated = data * fsdp, 1, ()
     out = {"mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": s.tensor, "mesh.pipe": s.pipe,
-           "train.remat": "true" if s.remat == "full" else "false"}
+           "train.remat": s.remat, "train.vocab_chunks": s.vocab_chunks, "train.mlp_chunks": s.mlp_chunks,
+           "sharding.replicate": ",".join(replicated if fsdp > 1 else ())}
     if s.pipe > 1:
         out.update({"pipeline.microbatches": s.microbatches, "pipeline.repeats": s.repeats,
                     "pipeline.schedule": "circular" if s.repeats > 1 else "gpipe", "train.grad_accum": 1})
@@ -198,8 +201,7 @@ def plan_for(w: Workload, n_devices: int, device: str = "h100", memory_limit: fl
 
 
 def plan_auto(cfg, n_devices: int, device: str = "cpu", memory_limit: float | None = None) -> Plan:
-    """`jaxpar train plan=auto`: best plan train can apply for `cfg` (a Config) on n_devices."""
-    from jaxpar.planner.search import TRAIN_SUPPORTED
-
+    """`jaxpar train plan=auto`: best plan for `cfg` (a Config) on n_devices, over the full search
+    space (train runs every remat / op-splitting / OSDP option the planner searches)."""
     w = Workload(cfg.model, cfg.train.batch_size, cfg.train.seq_len, cfg.precision)
-    return plan_for(w, n_devices, device, memory_limit, space=TRAIN_SUPPORTED)[0]
+    return plan_for(w, n_devices, device, memory_limit)[0]

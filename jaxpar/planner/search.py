@@ -26,7 +26,8 @@ from jaxpar.planner.devices import DeviceSpec
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """Which options the search may use. `TRAIN_SUPPORTED` is what `jaxpar train` can apply today."""
+    """Which options the search may use. `TRAIN_SUPPORTED` (space=train) is the older, smaller space
+    (remat none/full, uniform fsdp, no op splitting); `jaxpar train` now applies the full space."""
 
     remat: tuple[str, ...] = REMAT
     osdp: bool = True  # per-group sharded/replicated choice; False: all groups follow fsdp
@@ -106,7 +107,8 @@ def _options(w: Workload, mesh, space: SearchSpace):
     else:
         groups = [()]
     vcs = [v for v in space.vocab_chunks if v == 1 or (w.seq_len * 1) % v == 0]
-    mcs = [c for c in space.mlp_chunks if c == 1 or w.seq_len % c == 0]
+    # jaxpar.ops.chunked_mlp: strided chunks of the 4D hidden dim, each split evenly over tensor
+    mcs = [c for c in space.mlp_chunks if c == 1 or (4 * w.model.n_embd) % (c * mesh[2]) == 0]
     # pipeline.py rematerialises whole stages itself: inner remat policies change nothing there
     remats = range(len(space.remat)) if p == 1 else [0]
     for rep, r in itertools.product(groups, reps):
