@@ -9,8 +9,8 @@ Targets (issue 7): memory within 10 %, bytes within 5 %. Misses are printed, not
 
     python benchmarks/planner_accuracy.py [--out benchmarks/results/planner_accuracy.json] [--only 1,2]
 
-Operator splitting (chunked logits / MLP) is modelled by the planner but not implemented in the
-model yet, so it cannot be compiled here; `--regret` is not implemented (see the report).
+Rows 15+ cover remat=selective, operator splitting (train.vocab_chunks / train.mlp_chunks) and
+per-group OSDP (sharding.replicate). The regret check is `benchmarks/planner_regret.py`.
 """
 
 from __future__ import annotations
@@ -43,6 +43,15 @@ CONFIGS = [
     ((2, 4, 1, 1), "bf16", False, 1, 1, 1),
     ((1, 2, 4, 1), "bf16", True, 1, 1, 1),
     ((1, 1, 2, 4), "bf16", False, 1, 4, 1),
+    # remat selective, op splitting, per-group OSDP: 7th element = extra options
+    ((8, 1, 1, 1), "fp32", "selective", 1, 1, 1),
+    ((2, 2, 2, 1), "fp32", "selective", 1, 1, 1),
+    ((8, 1, 1, 1), "fp32", False, 1, 1, 1, {"vc": 8}),
+    ((8, 1, 1, 1), "fp32", False, 1, 1, 1, {"mc": 4}),
+    ((2, 1, 4, 1), "fp32", False, 1, 1, 1, {"vc": 8, "mc": 4}),
+    ((2, 4, 1, 1), "fp32", "selective", 1, 1, 1, {"vc": 8, "mc": 4}),
+    ((2, 4, 1, 1), "fp32", False, 1, 1, 1, {"rep": ("embed",)}),
+    ((1, 8, 1, 1), "fp32", False, 1, 1, 1, {"rep": ("attn", "embed")}),
 ]
 KINDS = {"all-reduce": "all-reduce", "all-gather": "all-gather", "reduce-scatter": "reduce-scatter",
          "ppermute": "collective-permute"}
@@ -54,9 +63,13 @@ def run_one(conf) -> dict:
     from jaxpar.planner.cost import Strategy, Workload, estimate
     from jaxpar.planner.devices import get_device
 
-    (d, f, t, p), prec, remat, accum, mb, reps = conf
+    (d, f, t, p), prec, remat, accum, mb, reps = conf[:6]
+    ex = conf[6] if len(conf) > 6 else {}
+    vc, mcn, rep = ex.get("vc", 1), ex.get("mc", 1), tuple(ex.get("rep", ()))
+    remat = {True: "full", False: "none"}.get(remat, remat)
     ov = {**MODEL, "mesh.data": d, "mesh.fsdp": f, "mesh.tensor": t, "mesh.pipe": p, "precision": prec,
-          "train.remat": str(remat).lower(), "train.grad_accum": accum, "pipeline.microbatches": mb,
+          "train.remat": remat, "train.vocab_chunks": vc, "train.mlp_chunks": mcn,
+          "sharding.replicate": ",".join(rep), "train.grad_accum": accum, "pipeline.microbatches": mb,
           "pipeline.repeats": reps, "pipeline.schedule": "circular" if reps > 1 else "gpipe"}
     cfg = C.validate(C.apply_overrides(C.Config(), {k: str(v) for k, v in ov.items()}))
     t0 = time.perf_counter()
@@ -65,12 +78,13 @@ def run_one(conf) -> dict:
     mem = memory_per_device(compiled)
     coll = collective_bytes(compiled.as_text())
     M = mb if p > 1 else accum
-    s = Strategy(d, f, t, p, M, reps, "full" if remat else "none")
+    s = Strategy(d, f, t, p, M, reps, remat, rep, vc, mcn)
     e = estimate(Workload(cfg.model, cfg.train.batch_size, cfg.train.seq_len, prec), s, get_device("cpu"))
     measured_bytes = coll["total_wire_bytes"]
     pred_bytes = sum(e.comm_bytes.values())
     return {
         "mesh": {"data": d, "fsdp": f, "tensor": t, "pipe": p}, "precision": prec, "remat": remat,
+        "vocab_chunks": vc, "mlp_chunks": mcn, "replicate": list(rep),
         "grad_accum": accum, "microbatches": mb, "repeats": reps, "compile_s": round(secs, 1),
         "memory_measured": mem["total"], "memory_predicted": int(e.memory["total"]),
         "memory_err": e.memory["total"] / mem["total"] - 1,
@@ -86,7 +100,10 @@ def run_one(conf) -> dict:
 def label(r: dict) -> str:
     m = r["mesh"]
     s = f"{m['data']}×{m['fsdp']}×{m['tensor']}×{m['pipe']} {r['precision']}"
-    s += " remat" if r["remat"] else ""
+    s += {"full": " remat", "selective": " sel"}.get(r["remat"], "")
+    s += f" vc{r['vocab_chunks']}" if r.get("vocab_chunks", 1) > 1 else ""
+    s += f" mc{r['mlp_chunks']}" if r.get("mlp_chunks", 1) > 1 else ""
+    s += " rep:" + "+".join(r["replicate"]) if r.get("replicate") else ""
     s += f" acc{r['grad_accum']}" if r["grad_accum"] > 1 else ""
     s += f" M{r['microbatches']}" if m["pipe"] > 1 else ""
     s += f" R{r['repeats']}" if r["repeats"] > 1 else ""
