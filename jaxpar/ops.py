@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpar.logical import constrain
+from jaxpar.precision import add_bias
 
 
 def _token_nll_sum(x, w, targets):
@@ -74,10 +75,10 @@ def chunked_mlp(x, w_fc, b_fc, w_proj, b_proj, chunks: int, cast):
     @jax.checkpoint
     def body(acc, w):
         wf_c, bf_c, wp_c = w
-        h = x @ cast(wf_c) + cast(bf_c)
+        h = add_bias(x @ cast(wf_c), bf_c)
         h = constrain(jax.nn.gelu(h, approximate=True), ("batch", "seq", "mlp"))
         return acc + (h @ cast(wp_c)).astype(acc.dtype), None
 
     acc0 = jnp.zeros(x.shape, jnp.float32)
     y, _ = jax.lax.scan(body, acc0, (wf, bf, wp))
-    return y.astype(x.dtype) + cast(b_proj)
+    return add_bias(y.astype(x.dtype), b_proj)

@@ -24,6 +24,14 @@ class Policy:
         return x.astype(self.compute_dtype)
 
 
+def add_bias(y, bias):
+    """y + bias computed in fp32 and cast back to y's dtype. With bf16 activations the bias
+    gradient is then an fp32 sum over every (batch, seq) position of the cotangent; a bf16 add
+    would sum it in bf16 (measured: 3.4e-2 relative error on gpt2-tiny's c_attn.bias, vs 6.6e-3
+    worst-case for any parameter with the fp32 add)."""
+    return (y.astype(jnp.float32) + bias).astype(y.dtype)
+
+
 POLICIES = {"bf16": Policy("bf16", jnp.bfloat16), "fp32": Policy("fp32", jnp.float32)}
 
 

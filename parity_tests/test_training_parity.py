@@ -76,23 +76,8 @@ def full_matrix(tmp_path_factory):
     return matrix.run_matrix(str(tmp_path_factory.mktemp("full")), None, log=lambda m: None)
 
 
-# Known jaxpar bug (reported, not excluded: the configuration is valid and should match).
-XLA_ABORT = ("jaxpar bug: precision=bf16 with mesh.data=2 mesh.tensor=2 mesh.pipe=2 aborts XLA while compiling "
-             "(`hlo_instruction.cc:1615] Invalid binary instruction opcode copy`, SIGABRT) in `jaxpar train` and in "
-             "jax.grad of make_loss_fn; the fp32 run of the same mesh passes")
-# Measured: single-device bf16 step-1 gradients of the biases are 2.7e-2 (L2, h.1.attn.c_attn.bias) off fp32,
-# vs 7e-3 on a data=2 fsdp=2 tensor=2 mesh and 5e-3 for torch autocast. jaxpar adds biases as bf16
-# (`+ pol.cast(bias)`), so a bias gradient is (likely; not yet isolated) a bf16 sum over all B*T tokens of one device before the fp32
-# cast; sharding splits that sum and finishes it in fp32, which is why the mesh passes. precision.py promises
-# fp32 gradient reduction; the fix belongs in models/gpt2.py (add biases in fp32 / upcast the cotangent).
-BF16_BIAS = ("jaxpar bug: bf16 bias gradients reduced in bf16 over B*T on one device: 2.7e-2 > 4u = 1.6e-2 "
-             "(norm-wise) for h.*.attn.c_attn.bias")
-KNOWN_BROKEN = {"jaxpar 3-D data=2 tensor=2 pipe=2 bf16": XLA_ABORT, "jaxpar single bf16": BF16_BIAS}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [pytest.param(r.name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BROKEN[r.name]))
-                                  if r.name in KNOWN_BROKEN else r.name for r in matrix.ROWS])
+@pytest.mark.parametrize("name", [r.name for r in matrix.ROWS])
 def test_full_matrix_row(full_matrix, name):
     rows = {r["row"]: r for r in full_matrix["rows"]}
     assert "error" not in rows[name], rows[name]["error"]

@@ -33,7 +33,7 @@ from flax import nnx
 from jaxpar import ops
 from jaxpar.config import ModelConfig
 from jaxpar.logical import constrain
-from jaxpar.precision import Policy, get_policy
+from jaxpar.precision import Policy, add_bias, get_policy
 
 Params = dict[str, Any]
 
@@ -158,7 +158,7 @@ class Attention(nnx.Module):
     def __call__(self, x, key=None):  # x: (B, T, D) compute dtype
         pol = self.policy
         # (B, T, D) x (D, 3, N, Hd) -> (B, T, 3, N, Hd)
-        qkv = jnp.einsum("btd,dcnh->btcnh", x, pol.cast(self.c_attn_w[...])) + pol.cast(self.c_attn_b[...])
+        qkv = add_bias(jnp.einsum("btd,dcnh->btcnh", x, pol.cast(self.c_attn_w[...])), self.c_attn_b[...])
         q, k, v = (constrain(qkv[:, :, i], ("batch", "seq", "heads", "head_dim")) for i in range(3))
         k1 = None
         if key is not None:
@@ -167,7 +167,7 @@ class Attention(nnx.Module):
         core = jax.checkpoint(self._core, prevent_cse=False) if self.remat_core else self._core
         o = core(q, k, v, k1)
         # (B, T, N, Hd) x (N, Hd, D) -> (B, T, D): row-parallel under tensor sharding
-        y = jnp.einsum("btnh,nhd->btd", o, pol.cast(self.c_proj_w[...])) + pol.cast(self.c_proj_b[...])
+        y = add_bias(jnp.einsum("btnh,nhd->btd", o, pol.cast(self.c_proj_w[...])), self.c_proj_b[...])
         return _dropout(y, self.dropout, key)
 
     def _core(self, q, k, v, key):  # (B, T, N, Hd) x3 -> (B, T, N, Hd)
@@ -198,9 +198,9 @@ class MLP(nnx.Module):
             y = ops.chunked_mlp(x, self.c_fc_w[...], self.c_fc_b[...], self.c_proj_w[...], self.c_proj_b[...],
                                 self.chunks, pol.cast)
             return _dropout(y, self.dropout, key)
-        h = x @ pol.cast(self.c_fc_w[...]) + pol.cast(self.c_fc_b[...])
+        h = add_bias(x @ pol.cast(self.c_fc_w[...]), self.c_fc_b[...])
         h = constrain(jax.nn.gelu(h, approximate=True), ("batch", "seq", "mlp"))
-        y = h @ pol.cast(self.c_proj_w[...]) + pol.cast(self.c_proj_b[...])
+        y = add_bias(h @ pol.cast(self.c_proj_w[...]), self.c_proj_b[...])
         return _dropout(y, self.dropout, key)
 
 

@@ -207,6 +207,13 @@ def _varying(x, axes) -> jax.Array:
     return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
+def _psum_f32(x, axis):
+    """psum in fp32, cast back. bf16 psums inside shard_map lower to a reducer whose root is a
+    copy, and XLA:CPU's AllReducePromotion aborts on it ("Invalid binary instruction opcode
+    copy"); fp32 is also the precision policy's reduction dtype."""
+    return jax.lax.psum(x.astype(jnp.float32), axis).astype(x.dtype)
+
+
 def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage_params, x, microbatches: int,
                     block_param_rules: dict, key=None, remat: bool = True, iterations: int | None = None,
                     mlp_chunks: int = 1):
@@ -270,7 +277,8 @@ def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage
 
         w = jax.tree.map(prep, w, w_specs)
         ok = _varying(ok[:, 0], MANUAL_AXES)
-        xm = _varying(xm, MANUAL_AXES)
+        # pvary in fp32: its transpose (a psum of the cotangent over pipe) then runs in fp32 too.
+        xm = _varying(xm.astype(jnp.float32), MANUAL_AXES).astype(xm.dtype)
         mb = xm.shape[1]
         state = _varying(jnp.zeros((mb, T, D), xm.dtype), MANUAL_AXES)
         buf = _varying(jnp.zeros((M, mb, T, D), xm.dtype), MANUAL_AXES) if use_buf else None
@@ -299,11 +307,11 @@ def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage
             _, ys = jax.lax.scan(iteration, (state, buf), jnp.arange(N_run))
         if N_run != N:  # benchmark mode: pad / cut to M outputs
             ys = jnp.concatenate([ys, jnp.zeros((max(M - N_run, 0), *ys.shape[1:]), ys.dtype)])[:M]
-            return jax.lax.psum(ys, "pipe")
+            return _psum_f32(ys, "pipe")
         # Stage S-1 finished microbatch m of the last repeat at iteration (R-1)·Mp + m + S - 1.
         first = (R - 1) * Mp + S - 1
         y = ys[first:first + M]
-        return jax.lax.psum(jnp.where(s == S - 1, y, jnp.zeros_like(y)), "pipe")
+        return _psum_f32(jnp.where(s == S - 1, y, jnp.zeros_like(y)), "pipe")
 
     key_spec = None if key is None else P()
     f = jax.shard_map(body, mesh=mesh, in_specs=(w_specs, P(None, "pipe"), P(None, BATCH), key_spec),
