@@ -81,10 +81,27 @@ def serve(job_path: str, world: int, reply_fd: int) -> dict:
             continue
         rank, code = _children.pop(pid), _code(status)
         if code != 0 and result["status"] == "ok":
-            result = {"status": "died", "rank": rank, "code": code}
+            result = _root_cause({rank: code})
             _kill_all()
             _reap_all(time.monotonic() + GRACE_S)
     return result
+
+
+def _root_cause(dead: dict[int, int], window_s: float = 0.5) -> dict:
+    """The death to report. A rank whose collective fails because a peer is gone exits with 1
+    (an exception), so when several ranks die within `window_s` prefer one that exited otherwise
+    (a signal or its own exit code): that is the cause, the 1s are its consequences."""
+    deadline = time.monotonic() + window_s
+    while _children and time.monotonic() < deadline:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid:
+            r, c = _children.pop(pid), _code(status)
+            if c != 0:
+                dead[r] = c
+        else:
+            time.sleep(POLL_S)
+    rank = min(dead, key=lambda r: (dead[r] == 1, r))
+    return {"status": "died", "rank": rank, "code": dead[rank]}
 
 
 def main() -> None:
