@@ -60,7 +60,8 @@ def main() -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
     import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     from jaxpar import sharding as shd
     from jaxpar.config import PRESETS, MeshConfig

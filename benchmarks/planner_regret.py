@@ -32,8 +32,8 @@ MODEL = {"model.n_layer": 4, "model.n_embd": 128, "model.n_head": 4, "model.voca
 
 def candidates(top: int) -> list[dict]:
     from jaxpar import config as C
-    from jaxpar.planner.plan import plan_for
     from jaxpar.planner.cost import Workload
+    from jaxpar.planner.plan import plan_for
 
     cfg = C.validate(C.apply_overrides(C.Config(), {k: str(v) for k, v in MODEL.items()}))
     w = Workload(cfg.model, cfg.train.batch_size, cfg.train.seq_len, cfg.precision)

@@ -44,7 +44,7 @@ cfg = Config(model=model, model_name="gpt2-tiny", mesh=MeshConfig(data=2, fsdp=2
              train=TrainConfig(batch_size=8, seq_len=32))
 compiled, trainer = compile_step(cfg)
 coll, th = collective_bytes(compiled.as_text()), theory_bytes(trainer.cfg)
-print(f"\nstep collectives per device: " + ", ".join(
+print("\nstep collectives per device: " + ", ".join(
     f"{k} {coll[k]['wire_bytes'] / 1024:.1f} KiB" for k in ("all-reduce", "all-gather", "reduce-scatter",
                                                             "all-to-all", "collective-permute") if coll[k]["ops"]))
 print(f"measured {coll['total_wire_bytes'] / 1024:.1f} KiB vs theory {th['total'] / 1024:.1f} KiB "

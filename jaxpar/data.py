@@ -173,7 +173,7 @@ class Dataset:
     path: str
 
     @staticmethod
-    def open(path: str, model_vocab: int, seq_len: int) -> "Dataset":
+    def open(path: str, model_vocab: int, seq_len: int) -> Dataset:
         meta = read_meta(path)
         if meta["vocab_size"] > model_vocab:
             raise ConfigError(f"data vocab_size={meta['vocab_size']} is larger than model.vocab_size={model_vocab}")

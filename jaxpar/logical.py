@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec

@@ -138,7 +138,6 @@ def describe(mesh) -> str:
     coordinate; each cell is `<device id>@p<process index>`.
     """
     import jax
-
     import numpy as np
 
     shape = dict(mesh.shape)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -151,8 +152,8 @@ def build_trainer(cfg: Config, mesh=None) -> Trainer:
                 loss_sum, g_sum = carry
                 i, x, y = mb
                 k = None if key is None else jax.random.fold_in(key, i)
-                l, g = grad_fn(state["params"], x, y, k)
-                return (loss_sum + l, jax.tree.map(jnp.add, g_sum, g)), None
+                loss_mb, g = grad_fn(state["params"], x, y, k)
+                return (loss_sum + loss_mb, jax.tree.map(jnp.add, g_sum, g)), None
 
             zeros = jax.tree.map(jnp.zeros_like, state["params"])
             (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), (jnp.arange(accum), xs, ys))
@@ -191,7 +192,7 @@ PEAK_FLOPS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def measured_cpu_peak() -> float:
     """Peak FLOP/s of this CPU backend (all cores): the fastest of 10 timed 1024^3 fp32 matmuls.
     The fastest, not the mean, because other load on a shared machine only slows a run down."""

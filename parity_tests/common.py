@@ -155,8 +155,8 @@ def jax_side(init_dir: str, batch):
             logits = gpt2.forward(cfg, q, x, "fp32")
             return gpt2.cross_entropy(logits, y), logits
 
-        (l, logits), g = jax.value_and_grad(loss, has_aux=True)(p)
-        return l, logits, g
+        (loss_val, logits), g = jax.value_and_grad(loss, has_aux=True)(p)
+        return loss_val, logits, g
 
     loss, logits, grads = f(params, jnp.asarray(batch[0]), jnp.asarray(batch[1]))
     return np.asarray(logits), float(loss), hf.to_hf_state_dict(cfg, jax.device_get(grads))

@@ -4,11 +4,10 @@ import json
 
 import numpy as np
 import pytest
+from cli_helpers import run
 
 from jaxpar import data
 from jaxpar.config import ConfigError
-
-from cli_helpers import run
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 200
 

@@ -1,7 +1,6 @@
 """Bad input: exit 2, one line `error: ...` naming the values, no traceback, nothing written."""
 
 import pytest
-
 from cli_helpers import run
 
 

@@ -6,11 +6,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from cli_helpers import clean_env, run
 
 from jaxpar.config import ModelConfig
 from jaxpar.models import gpt2, hf
-
-from cli_helpers import clean_env, run
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,11 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from cli_helpers import run
 
 from jaxpar.config import PRESETS, ModelConfig
 from jaxpar.models import gpt2, hf
-
-from cli_helpers import run
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

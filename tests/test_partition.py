@@ -37,7 +37,7 @@ def brute(costs, S, fe, le, mem, limit, fm, lm):
 def test_matches_brute_force_on_random_chains():
     rng = random.Random(0)
     checked = 0
-    for trial in range(300):
+    for _ in range(300):
         L = rng.randint(1, 9)
         S = rng.randint(1, L)
         costs = [rng.choice([1, 2, 3, 5, 8]) for _ in range(L)]  # integers: ties are exact

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 
 import jax
-import numpy as np
 import pytest
-
 from cli_helpers import run
+
 from jaxpar import config as C
 from jaxpar import data
 from jaxpar.mesh import build_mesh

@@ -28,7 +28,6 @@ STEPS = 5
 
 
 def _worker(out_path: str) -> None:
-    import dataclasses
 
     import jax
     import numpy as np

@@ -79,7 +79,7 @@ def test_osdp_replicated_groups_skip_fsdp():
     import jax
     from jax.sharding import PartitionSpec
 
-    from jaxpar.config import MeshConfig, PRESETS
+    from jaxpar.config import PRESETS, MeshConfig
     from jaxpar.models import gpt2
     from jaxpar.sharding import grouped_param_specs, param_rules, param_specs, spec_to_json
 

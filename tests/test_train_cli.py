@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 import pytest
-
 from cli_helpers import clean_env, run
 
 TINY = ["model=gpt2-tiny", "train.seq_len=64", "train.batch_size=16", "train.lr=3e-3", "train.warmup_steps=10",

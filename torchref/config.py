@@ -27,7 +27,7 @@ import typing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from jaxpar.config import Config, ConfigError, MeshConfig, PipelineConfig, parse_value, load_yaml, parse_kv, resolve
+from jaxpar.config import Config, ConfigError, MeshConfig, PipelineConfig, load_yaml, parse_kv, parse_value, resolve
 
 STRATEGY_NAMES = ("single", "single-ps", "distributed-ps", "horovod", "distributed-ps-amp", "horovod-amp")
 

@@ -64,12 +64,14 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxpar.config import Config, ConfigError, ModelConfig
 from jaxpar.logical import activation_rules, spec_for
