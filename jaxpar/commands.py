@@ -112,7 +112,6 @@ def evaluate(argv: list[str]) -> int:
     import math
 
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     from jaxpar import data as data_lib
@@ -147,8 +146,7 @@ def evaluate(argv: list[str]) -> int:
     @jax.jit
     def row_nll(p, x, y):  # (B, T) -> (B,) summed token NLL per window
         logits = gpt2.forward(cfg.model, p, x, cfg.precision)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        return -jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0].sum(-1)
+        return gpt2.token_nll(logits, y).sum(-1)
 
     total = 0.0
     for i in range(0, len(xs), B):

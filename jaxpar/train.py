@@ -166,8 +166,7 @@ def build_trainer(cfg: Config, mesh=None) -> Trainer:
 
     def eval_step(params, inputs, targets):
         logits = _forward(cfg, mesh, params, inputs)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        nll = gpt2.token_nll(logits, targets)
         return nll.sum(), jnp.asarray(nll.size, jnp.float32)
 
     repl = NamedSharding(mesh, PartitionSpec())

@@ -304,8 +304,8 @@ class GPT2(nnx.Module):
         return self.head(self.blocks(self.embed(tokens, k_embed), k_blocks))
 
 
-def cross_entropy(logits, targets):
-    """Mean token cross-entropy in fp32. logits (B, T, V) fp32, targets (B, T) int.
+def token_nll(logits, targets):
+    """Per-token negative log-likelihood in fp32: logits (B, T, V), targets (B, T) int -> (B, T).
 
     Written as logsumexp(logits) - logits[target] with the target picked by a one-hot
     select, not log_softmax + take_along_axis: no (B, T, V) log-prob array is written, and
@@ -317,7 +317,12 @@ def cross_entropy(logits, targets):
     lse = jax.nn.logsumexp(logits, axis=-1)  # (B, T)
     onehot = jnp.arange(logits.shape[-1], dtype=targets.dtype) == targets[..., None]  # (B, T, V) bool, fused
     target_logit = jnp.sum(jnp.where(onehot, logits, 0.0), axis=-1)  # (B, T)
-    return (lse - target_logit).mean()
+    return lse - target_logit
+
+
+def cross_entropy(logits, targets):
+    """Mean token cross-entropy in fp32. logits (B, T, V) fp32, targets (B, T) int."""
+    return token_nll(logits, targets).mean()
 
 
 def forward(cfg: ModelConfig, params: Params, tokens, policy: Policy | str = "fp32", key=None, remat=False):
