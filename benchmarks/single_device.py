@@ -139,7 +139,7 @@ def main(argv=None) -> dict:
     torch.set_num_threads(threads)
 
     from jaxpar.config import Config, ModelConfig, TrainConfig
-    from jaxpar.models.gpt2 import flops_per_token, init_params
+    from jaxpar.models.gpt2 import init_params
     from jaxpar.models.hf import to_hf_state_dict
 
     mc = ModelConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, vocab_size=args.vocab,
@@ -191,7 +191,7 @@ def main(argv=None) -> dict:
             times[n].append(time.perf_counter() - t0)
 
     tokens = args.batch * args.seq
-    fpt = flops_per_token(mc, args.seq)
+    fpt = mc.flops_per_token(args.seq)
     results = {}
     for n, ts in times.items():
         med = statistics.median(ts)

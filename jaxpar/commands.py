@@ -15,21 +15,12 @@ from jaxpar import config as C
 from jaxpar.config import ConfigError
 
 
-def _pop(kv: dict, key: str, default=None):
-    return kv.pop(key) if key in kv else default
-
-
-def _parse(argv: list[str], extra: tuple[str, ...] = (), base: C.Config | None = None):
-    """--config + key=value -> (Config, {extra keys}). Extra keys are command-specific."""
+def _parse(argv: list[str]) -> C.Config:
+    """--config FILE + key=value args -> validated Config."""
     from jaxpar.cli import split_config_flag
 
     path, rest = split_config_flag(argv)
-    kv = C.parse_kv(rest)
-    extras = {k: kv.pop(k) for k in extra if k in kv}
-    cfg = base or C.Config()
-    if path:
-        cfg = C.apply_overrides(cfg, C.load_yaml(path))
-    return C.validate(C.apply_overrides(cfg, kv)), extras
+    return C.resolve(rest, path)
 
 
 def _emulate_devices_for(cfg: C.Config) -> None:
@@ -49,7 +40,7 @@ def _maybe_distributed() -> None:
 
 
 def train(argv: list[str], dry_run: bool = False) -> int:
-    cfg, _ = _parse(argv)
+    cfg = _parse(argv)
     if cfg.plan:
         from jaxpar.planner.apply import apply_plan  # noqa: PLC0415
 
@@ -115,25 +106,21 @@ def evaluate(argv: list[str]) -> int:
     import numpy as np
 
     from jaxpar import data as data_lib
+    from jaxpar.cli import split_config_flag
     from jaxpar.models import gpt2
 
-    path, rest = __import__("jaxpar.cli", fromlist=["x"]).split_config_flag(argv)
+    path, rest = split_config_flag(argv)
     kv = C.parse_kv(rest)
-    ckpt, hf_dir, data_arg = _pop(kv, "checkpoint", ""), _pop(kv, "hf", ""), _pop(kv, "data", "")
+    ckpt, hf_dir, data_arg = kv.pop("checkpoint", ""), kv.pop("hf", ""), kv.pop("data", "")
     if bool(ckpt) == bool(hf_dir):
         raise ConfigError("eval needs exactly one of checkpoint=<run dir> or hf=<dir>")
     if not data_arg:
         raise ConfigError("eval needs data=<prepared dir | .bin file>")
     base, params = load_model(ckpt, hf_dir)
     base = dataclasses.replace(base, precision="fp32")  # eval defaults to exact fp32
-    if path:
-        base = C.apply_overrides(base, C.load_yaml(path))
-    cfg = C.validate(C.apply_overrides(base, kv))
+    cfg = C.resolve_kv(kv, path, base)
     if os.path.isdir(data_arg):
-        meta = data_lib.read_meta(data_arg)
-        if meta["vocab_size"] > cfg.model.vocab_size:
-            raise ConfigError(f"data vocab_size={meta['vocab_size']} is larger than model.vocab_size="
-                              f"{cfg.model.vocab_size}")
+        data_lib.read_meta(data_arg, cfg.model.vocab_size)
         tokens = data_lib.load_tokens(os.path.join(data_arg, "val.bin"))
     else:
         tokens = data_lib.load_tokens(data_arg)
@@ -215,7 +202,7 @@ def plot(argv: list[str]) -> int:
 
 
 def mesh(argv: list[str]) -> int:
-    cfg, _ = _parse(argv)
+    cfg = _parse(argv)
     _emulate_devices_for(cfg)
     _maybe_distributed()
     from jaxpar import mesh as mesh_lib

@@ -41,6 +41,11 @@ class ModelConfig:
         per_layer = 2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d)
         return v * d + p * d + L * per_layer + 2 * d
 
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (PaLM appendix B): 6N + 12·L·H·Q·T, N without the wpe table."""
+        n = self.num_params() - self.n_positions * self.n_embd
+        return 6.0 * n + 12.0 * self.n_layer * self.n_head * self.head_dim * seq_len
+
 
 # HF's GPT-2 family; gpt2-tiny is ours, for tests (~0.5M params, byte vocab).
 PRESETS: dict[str, ModelConfig] = {
@@ -306,12 +311,16 @@ def validate(cfg: Config) -> Config:
 
 
 def resolve(args: list[str], config_file: str | None = None, base: Config | None = None) -> Config:
-    """defaults -> YAML file -> key=value args, then validate."""
+    """defaults (or `base`) -> YAML file -> key=value args, then validate."""
+    return resolve_kv(parse_kv(args), config_file, base)
+
+
+def resolve_kv(kv: dict[str, Any], config_file: str | None = None, base: Config | None = None) -> Config:
+    """`resolve` for already split {key: value} overrides."""
     cfg = base or Config()
     if config_file:
         cfg = apply_overrides(cfg, load_yaml(config_file))
-    cfg = apply_overrides(cfg, parse_kv(args))
-    return validate(cfg)
+    return validate(apply_overrides(cfg, kv))
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

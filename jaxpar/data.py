@@ -128,13 +128,16 @@ def is_prepared(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "meta.json")) and os.path.isfile(os.path.join(path, "train.bin"))
 
 
-def read_meta(path: str) -> dict:
+def read_meta(path: str, model_vocab: int | None = None) -> dict:
+    """meta.json of a prepared dir; with `model_vocab`, also check the tokens fit the model."""
     try:
         meta = json.loads(Path(path, "meta.json").read_text())
         int(meta["vocab_size"])
-        return meta
     except (OSError, ValueError, KeyError, TypeError):
         raise ConfigError(f"data={path!r}: meta.json is missing or corrupt") from None
+    if model_vocab is not None and meta["vocab_size"] > model_vocab:
+        raise ConfigError(f"data vocab_size={meta['vocab_size']} is larger than model.vocab_size={model_vocab}")
+    return meta
 
 
 def resolve_data(data: str, tokenizer: str, workdir: str) -> str:
@@ -174,9 +177,7 @@ class Dataset:
 
     @staticmethod
     def open(path: str, model_vocab: int, seq_len: int) -> Dataset:
-        meta = read_meta(path)
-        if meta["vocab_size"] > model_vocab:
-            raise ConfigError(f"data vocab_size={meta['vocab_size']} is larger than model.vocab_size={model_vocab}")
+        meta = read_meta(path, model_vocab)
         train, val = load_tokens(os.path.join(path, "train.bin")), load_tokens(os.path.join(path, "val.bin"))
         for name, arr in (("train.bin", train), ("val.bin", val)):
             if len(arr) < seq_len + 1:

@@ -120,7 +120,7 @@ def run_train(cfg: Config) -> int:
         state, start = trainer.init_state(params), 0
 
     tokens_per_step = tc.batch_size * tc.seq_len
-    flops_tok = gpt2.flops_per_token(cfg.model, tc.seq_len)
+    flops_tok = cfg.model.flops_per_token(tc.seq_len)
     peak = device_peak_flops(cfg) * jax.device_count()
     logger = MetricsLogger(cfg.out, tc.steps, start, cfg.progress, enabled=is_main, print_every=tc.log_every)
     if resume_step is not None:

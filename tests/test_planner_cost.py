@@ -11,7 +11,6 @@ from jaxpar.planner.cost import (
     all_reduce,
     axis_bandwidths,
     estimate,
-    flops_per_token,
     group_elems,
     layer_activation_bytes,
     ppermute,
@@ -63,9 +62,9 @@ def test_layer_activations_formula():
 
 def test_flops_per_token_palm_formula():
     # GPT-2 small: N = 124,439,808 (HF count) - 786,432 (wpe) ; 6N + 12·L·D·T.
-    # Same formula as jaxpar.models.gpt2.flops_per_token (not imported: JAX import takes seconds).
+    # ModelConfig.flops_per_token: the one formula behind train's MFU and the planner's.
     assert PRESETS["gpt2"].num_params() == 124_439_808
-    assert flops_per_token(PRESETS["gpt2"], 1024) == 6 * (124_439_808 - 786_432) + 12 * 12 * 768 * 1024
+    assert PRESETS["gpt2"].flops_per_token(1024) == 6 * (124_439_808 - 786_432) + 12 * 12 * 768 * 1024
 
 
 def test_state_memory_and_mfu_identities():
@@ -76,7 +75,7 @@ def test_state_memory_and_mfu_identities():
     n_el = el["embed"] + XL.n_layer * (el["attn"] + el["mlp"])
     assert e.memory["params"] == 4 * n_el and e.memory["optimizer"] == 8 * n_el and e.memory["grads"] == 4 * n_el
     assert e.memory["total"] == pytest.approx(sum(v for k, v in e.memory.items() if k != "total"))
-    assert e.mfu == pytest.approx(flops_per_token(XL, 1024) * 512 * 1024 / (e.step_time_s * 64 * H100.peak_flops))
+    assert e.mfu == pytest.approx(XL.flops_per_token(1024) * 512 * 1024 / (e.step_time_s * 64 * H100.peak_flops))
     assert e.tokens_per_s == pytest.approx(512 * 1024 / e.step_time_s)
     # grad accumulation adds an fp32 accumulator
     e2 = estimate(w, Strategy(data=8, fsdp=8, microbatches=2, remat="selective"), H100)

@@ -97,35 +97,40 @@ def _wait_for_lines(path, n, proc, timeout=120):
     raise TimeoutError
 
 
-def test_sigterm_then_resume_is_bit_identical(tmp_path):
-    args = [*TINY, "train.steps=24", "train.grad_accum=2"]
+def _run_and_interrupt(tmp_path, args, after_lines, stop):
+    """An uninterrupted reference run, then the same run stopped by `stop(proc)` once its
+    metrics.jsonl has `after_lines` lines. Returns (ref dir, out dir, returncode, stdout, stderr)."""
     ref = tmp_path / "ref"
     assert run(["train", *args, f"out={ref}"]).returncode == 0
     out = tmp_path / "killed"
     p = _start(["train", *args, f"out={out}"])
-    _wait_for_lines(out / "metrics.jsonl", 5, p)
-    p.send_signal(signal.SIGTERM)
+    _wait_for_lines(out / "metrics.jsonl", after_lines, p)
+    stop(p)
     stdout, stderr = p.communicate(timeout=120)
-    assert p.returncode == 0, stderr
+    return ref, out, p.returncode, stdout, stderr
+
+
+def _resume(args, out):
+    r = run(["train", *args, f"out={out}", "resume=true"])
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_sigterm_then_resume_is_bit_identical(tmp_path):
+    args = [*TINY, "train.steps=24", "train.grad_accum=2"]
+    ref, out, rc, stdout, stderr = _run_and_interrupt(tmp_path, args, 5, lambda p: p.send_signal(signal.SIGTERM))
+    assert rc == 0, stderr
     assert "stopped by SIGTERM after step" in stdout
     stopped = len(losses(out))
     assert 5 <= stopped < 24
-    r = run(["train", *args, f"out={out}", "resume=true"])
-    assert r.returncode == 0, r.stderr
+    r = _resume(args, out)
     assert f"resumed from step {stopped}" in r.stdout
     assert losses(out) == losses(ref)  # bit-identical floats
 
 
 def test_sigkill_resumes_from_last_complete_checkpoint(tmp_path):
     args = [*TINY, "train.steps=20", "train.ckpt_every=5"]
-    ref = tmp_path / "ref"
-    assert run(["train", *args, f"out={ref}"]).returncode == 0
-    out = tmp_path / "killed"
-    p = _start(["train", *args, f"out={out}"])
-    _wait_for_lines(out / "metrics.jsonl", 12, p)
-    p.kill()
-    p.communicate()
-    r = run(["train", *args, f"out={out}", "resume=true"])
-    assert r.returncode == 0, r.stderr
+    ref, out, *_ = _run_and_interrupt(tmp_path, args, 12, lambda p: p.kill())
+    r = _resume(args, out)
     assert "resumed from step 10" in r.stdout or "resumed from step 15" in r.stdout
     assert losses(out) == losses(ref)

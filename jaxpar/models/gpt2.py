@@ -338,9 +338,3 @@ def loss_fn(cfg: ModelConfig, params: Params, tokens, targets, policy: Policy | 
         k_embed, k_blocks = jax.random.split(key)
     model = GPT2(cfg, params, policy, remat, vocab_chunks, mlp_chunks)
     return model.loss(model.blocks(model.embed(tokens, k_embed), k_blocks), targets)
-
-
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token (PaLM appendix B): 6N + 12*L*H*Q*T, N without embeddings' lookup."""
-    n = cfg.num_params() - cfg.n_positions * cfg.n_embd
-    return 6.0 * n + 12.0 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len

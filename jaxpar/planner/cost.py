@@ -52,13 +52,6 @@ REMAT = ("none", "selective", "full")
 STATE_BYTES = 16  # fp32 master 4 + grad 4 + Adam m 4 + v 4
 
 
-def flops_per_token(m: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token, 6N + 12·L·D·T (PaLM appendix B; N without wpe). Same formula as
-    jaxpar.models.gpt2.flops_per_token, repeated here so planning does not import JAX (≈3 s)."""
-    n = m.num_params() - m.n_positions * m.n_embd
-    return 6.0 * n + 12.0 * m.n_layer * m.n_head * m.head_dim * seq_len
-
-
 @dataclass(frozen=True)
 class Workload:
     """What to train: model shape, global batch, sequence length, precision."""
@@ -357,7 +350,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
 
     hidden = dev.overlap
     step = compute + comm["tensor"] + comm["pipe"] + (1 - hidden) * (comm["fsdp"] + comm["data"])
-    model_flops = flops_per_token(m, T) * w.batch_size * T
+    model_flops = m.flops_per_token(T) * w.batch_size * T
     mfu = model_flops / (step * s.n_devices * peak)
     fits = memory_limit is None or mem["total"] <= memory_limit
     return Estimate(s, mem, step, compute, comm, cbytes, bubble, mfu, w.batch_size * T / step, tuple(lps), fits)
