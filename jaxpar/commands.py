@@ -23,20 +23,14 @@ def _parse(argv: list[str]) -> C.Config:
     return C.resolve(rest, path)
 
 
-def _emulate_devices_for(cfg: C.Config) -> None:
-    """On CPU, give XLA as many host devices as the mesh asks for (no-op for GPUs/TPUs,
-    which ignore this flag). Must happen before JAX initialises."""
-    from jaxpar.mesh import emulate_devices_for
-
-    emulate_devices_for(cfg.mesh)  # mesh size / process count per process (jaxpar launch, mpiexec)
-
-
-def _maybe_distributed() -> None:
-    """Join a multi-process job when launched by `jaxpar launch`, mpiexec or SLURM."""
+def _devices_for(cfg: C.Config) -> None:
+    """Before JAX initialises: on CPU, emulate the host devices the mesh needs (mesh size /
+    process count per process; GPUs ignore the flag), then join a multi-process job when
+    launched by `jaxpar launch`, mpiexec or SLURM."""
     from jaxpar import mesh
 
-    if hasattr(mesh, "maybe_initialize_distributed"):
-        mesh.maybe_initialize_distributed()
+    mesh.emulate_devices_for(cfg.mesh)
+    mesh.maybe_initialize_distributed()
 
 
 def train(argv: list[str], dry_run: bool = False) -> int:
@@ -45,8 +39,7 @@ def train(argv: list[str], dry_run: bool = False) -> int:
         from jaxpar.planner.apply import apply_plan  # noqa: PLC0415
 
         cfg = apply_plan(cfg)
-    _emulate_devices_for(cfg)
-    _maybe_distributed()
+    _devices_for(cfg)
     if dry_run or cfg.dry_run:
         from jaxpar.inspect import run_inspect
 
@@ -203,15 +196,10 @@ def plot(argv: list[str]) -> int:
 
 def mesh(argv: list[str]) -> int:
     cfg = _parse(argv)
-    _emulate_devices_for(cfg)
-    _maybe_distributed()
+    _devices_for(cfg)
     from jaxpar import mesh as mesh_lib
 
-    m = mesh_lib.build_mesh(cfg.mesh)
-    if hasattr(mesh_lib, "describe"):
-        print(mesh_lib.describe(m))
-    else:
-        print(m)
+    print(mesh_lib.describe(mesh_lib.build_mesh(cfg.mesh)))
     return 0
 
 
