@@ -69,7 +69,8 @@ def _split_type(rest: str) -> tuple[str, str]:
 
 def _group_size(attrs: str, num_partitions: int) -> int:
     """Devices per group from `replica_groups=` in any of XLA's three spellings."""
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
+    # the axes set may follow a device order: mesh['axis_0'=4,'axis_1'=2], device_ids=([2,4]T(1,0)) {'axis_0'}
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\((?:[^()]|\([^()]*\))*\))?\s*\{([^}]*)\}", attrs)
     if m:  # mesh['axis_0'=1,'axis_1'=8] {'axis_1'}
         sizes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", m.group(1))}
         return math.prod(sizes[a] for a in re.findall(r"'([^']+)'", m.group(2)))
