@@ -54,7 +54,7 @@ CONFIGS = [
     ((1, 8, 1, 1), "fp32", False, 1, 1, 1, {"rep": ("attn", "embed")}),
 ]
 KINDS = {"all-reduce": "all-reduce", "all-gather": "all-gather", "reduce-scatter": "reduce-scatter",
-         "ppermute": "collective-permute"}
+         "ppermute": "collective-permute", "all-to-all": "all-to-all"}  # all-to-all: not predicted
 
 
 def run_one(conf) -> dict:

@@ -144,3 +144,29 @@ def test_tensor_parallel_divides_layer_state_and_adds_allreduces():
     el = group_elems(m, 4, 1, {g: False for g in GROUPS})
     grads_ar = 4 * (el["embed"] + m.vocab_size * m.n_embd / 4 + 4 * (el["attn"] + el["mlp"]))
     assert e4.comm_bytes["all-reduce"] == pytest.approx(tensor_ar + grads_ar)
+
+
+def test_vocab_chunks_reduce_the_wte_logits_grad_once_per_chunk():
+    # chunked_cross_entropy closes over the tied wte inside its scan, so XLA all-reduces the
+    # logits part of the wte grad (V·D fp32) once per chunk: vc - 1 extra ring all-reduces over d
+    m = ModelConfig(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=128)
+    w, cpu = Workload(m, 16, 128, "fp32"), get_device("cpu")
+    base = estimate(w, Strategy(data=8), cpu).comm_bytes["all-reduce"]
+    vc8 = estimate(w, Strategy(data=8, vocab_chunks=8), cpu).comm_bytes["all-reduce"]
+    assert vc8 - base == 7 * 2 * 7 / 8 * 4 * 512 * 64
+    # ZeRO-3 embed on XLA:CPU (d=2, f=4): per chunk, the full grad over fsdp + its 1/f shard over data
+    s1, s8 = Strategy(data=2, fsdp=4), Strategy(data=2, fsdp=4, vocab_chunks=8)
+    e1, e8 = estimate(w, s1, cpu).comm_bytes, estimate(w, s8, cpu).comm_bytes
+    assert e8["all-reduce"] - e1["all-reduce"] == 7 * (2 * 3 / 4 * 4 * 512 * 64 + 2 * 1 / 2 * 4 * 512 * 64 / 4)
+    # and the chunk recompute gathers wte per chunk: 1 + 8 gathers instead of 2 (d > 1, no accumulation)
+    assert e8["all-gather"] - e1["all-gather"] == 7 * 3 / 4 * 4 * 512 * 64
+
+
+def test_hlo_group_size_reads_mesh_groups_with_device_order():
+    from jaxpar.inspect import _group_size
+
+    ag = "replica_groups=mesh['axis_0'=1,'axis_1'=4,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_1'}, dimensions={1}"
+    assert _group_size(ag, 8) == 4
+    assert _group_size("replica_groups=mesh['axis_0'=8,'axis_1'=1] {'axis_0'}, to_apply=%add", 8) == 8
+    assert _group_size("replica_groups=[4,2]<=[2,4]T(1,0), dimensions={0}", 8) == 2
+    assert _group_size("replica_groups={{0,2,4,6},{1,3,5,7}}, to_apply=%add", 8) == 4

@@ -268,6 +268,11 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     if remat == "none" and w.precision == "bf16":
         acts += layers_state * (el["attn"] + el["mlp"] - 13 * D / t) * w.cb  # saved compute-dtype weight casts
 
+    if s.mlp_chunks > 1 and S == 1:
+        # chunked_mlp re-lays W_fc, b_fc, W_proj out as (k, ·, 4D/k) strided chunks; the scan saves
+        # those fp32 copies for backward: one per layer (jax.ad_checkpoint.print_saved_residuals
+        # lists exactly these three transposes besides x; row 18 measured temp fits this).
+        acts += layers_state * 4 * el["mlp"]
     # --- memory (bytes)
     n_el = el["embed"] + layers_state * (el["attn"] + el["mlp"])
     # train.py's accumulation loop keeps a second fp32 grad tree; a pipeline accumulates inside its scan.
@@ -298,43 +303,78 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         # Megatron: 2 fwd + 2 bwd all-reduces per layer; a re-forward adds one (measured in the HLO:
         # XLA reuses the other from the saved block input's path).
         n_ar = 4 + extra_fwd
+        # chunked_mlp sums the chunks' c_proj partial products in its scan carry, so XLA all-reduces
+        # each chunk's (b, T, D) output over tensor (forward) and each chunk's input grad (backward):
+        # 2·mlp_chunks MLP all-reduces per layer instead of 2 (seen in the HLO, row 19: trip count 16
+        # = L·k in forward and backward).
+        n_ar += 2 * (s.mlp_chunks - 1)
         add("all-reduce", "tensor", all_reduce(t, unit, alpha, bws["tensor"]), layers_run * n_ar)
         add("all-reduce", "tensor", all_reduce(t, unit * head_rows_share, alpha, bws["tensor"]), 2 * M)
-    rs_kind = "reduce-scatter" if dev.reduce_scatter else "all-reduce"  # XLA:CPU lowers RS to AR
-    rs_fn = all_gather if dev.reduce_scatter else all_reduce
-    # Without reduce-scatter (XLA:CPU) the auto-sharded step reduces a ZeRO-3 group's grads with
-    # one all-reduce of the full grads over data·fsdp, and its all-gathers also span data·fsdp
-    # (seen in the HLO); the pipeline's explicit shard_map collectives keep their own groups.
-    # In a pipeline the embedding sits outside the shard_map (auto-sharded over data·fsdp·pipe,
-    # gathered for forward and backward); the blocks use pipeline.py's explicit collectives.
+    vc = s.vocab_chunks
+    wte = V * D / t  # tied wte elements per tensor shard
+    # chunked_cross_entropy closes over wte inside its lax.scan, so XLA reduces the logits part of
+    # the wte gradient inside the scan: once per token chunk (vc times), not once after it (seen in
+    # the HLO: an all-reduce of the (V/t, D) grad with trip count vc per pass, rows 17, 19, 20).
+    # In the auto-sharded step (XLA:CPU has no reduce-scatter there) a ZeRO-3 group gathers its
+    # weights over fsdp only and reduces its grads with an all-reduce of the full grads over fsdp,
+    # then one of the 1/f shard over data (·pipe for the embedding, whose rows are also split over
+    # pipe); the pipeline's explicit shard_map collectives keep their own groups and lower to
+    # real reduce-scatters even on CPU (all seen in the HLO).
     auto = {g: not dev.reduce_scatter and (S == 1 or g == "embed") for g in GROUPS}
-    span = {g: d * f * (S if g == "embed" else 1) for g in GROUPS}
+    rep = {g: d * (S if g == "embed" else 1) for g in GROUPS}  # replicas beside fsdp
     if f > 1:
         for g in GROUPS:
             if not sharded[g]:
                 continue
-            cpu_zero = auto[g]
             layers = 1 if g == "embed" else (R * lmax if S > 1 else L)
             n = full[g] * layers
-            # ZeRO-3: gather weights for forward (+ again for backward, blocks only, no pipeline),
-            # reduce-scatter grads; per microbatch without a pipeline, once per step with one.
-            gathers = 1 if (g == "embed" and S == 1) or (g != "embed" and S > 1) else 2
-            n_ag = span[g] if cpu_zero else f
-            add("all-gather", "fsdp", all_gather(n_ag, 4 * n, alpha, bws["fsdp"]), gathers * passes)
-            if cpu_zero:
-                # tied wte: with d > 1 the lookup and logits grads are reduced apart (seen in the HLO)
-                n += V * D / t if g == "embed" and d > 1 else 0.0
-                add("all-reduce", "fsdp", all_reduce(span[g], 4 * n, alpha, bws["fsdp"]), passes)
+            if auto[g] and g == "embed":
+                # wte gathers (seen in the HLO): forward logits, plus backward logits when d > 1
+                # (single step, no pipeline); a grad-accumulation loop hoists the loop-invariant
+                # gather (once per step); with vocab_chunks the chunk recompute gathers per chunk.
+                g_wte = 1 + vc * passes if vc > 1 else (2 if S == 1 and M == 1 and d > 1 else 1)
+                add("all-gather", "fsdp", all_gather(f, 4 * wte, alpha, bws["fsdp"]), g_wte)
+                add("all-gather", "fsdp", all_gather(f, 4 * (n - wte), alpha, bws["fsdp"]))  # wpe, ln_f
+                if t > 1 and S == 1 and d > 1:
+                    # lookup from a wte split over tensor (vocab) and fsdp (embed): XLA gathers the
+                    # table's vocab dim over tensor, the looked-up (B, T, D/f) rows over data·fsdp,
+                    # then their embed dim over fsdp (seen in the HLO, rows 3 and 16; with d = 1, row 13, XLA
+                    # uses all-to-alls instead, not modelled: < 3% of that row)
+                    add("all-gather", "tensor", all_gather(t, 4 * V * D / f, alpha, bws["tensor"]), passes)
+                    add("all-gather", "fsdp", all_gather(d * f, w.batch_size / passes * T * D / f * cb, alpha,
+                                                         bws["data"]), passes)
+                    add("all-gather", "fsdp", all_gather(f, w.batch_size / passes * T * D * cb, alpha, bws["fsdp"]),
+                        passes)
+                r = rep[g]
+                if r > 1:
+                    # lookup backward: the (B/M, T, D) output grads are gathered over every batch
+                    # shard (f·r devices) before the scatter-add (seen in the HLO)
+                    x = w.batch_size / passes * T * D * cb
+                    add("all-gather", "fsdp", all_gather(f * r, x, alpha, bws["data"]), passes)
+                # logits part: full over fsdp + shard over the replicas, per chunk; lookup part:
+                # shard over the replicas; wpe + ln_f: over all f·r devices
+                add("all-reduce", "fsdp", all_reduce(f, 4 * wte, alpha, bws["fsdp"]), vc * passes)
+                add("all-reduce", "data", all_reduce(r, 4 * wte / f, alpha, bws["data"]), (vc + 1) * passes)
+                add("all-reduce", "data", all_reduce(f * r, 4 * (n - wte), alpha, bws["data"]), passes)
+            elif auto[g]:
+                add("all-gather", "fsdp", all_gather(f, 4 * n, alpha, bws["fsdp"]), 2 * passes)
+                add("all-reduce", "fsdp", all_reduce(f, 4 * n, alpha, bws["fsdp"]), passes)
+                add("all-reduce", "data", all_reduce(rep[g], 4 * n / f, alpha, bws["data"]), passes)
             else:
-                add(rs_kind, "fsdp", rs_fn(f, 4 * n, alpha, bws["fsdp"]), passes)
+                # ZeRO-3: gather weights for forward (+ again for backward, blocks only, no pipeline),
+                # reduce-scatter grads; per microbatch without a pipeline, once per step with one.
+                gathers = 1 if (g == "embed" and S == 1) or (g != "embed" and S > 1) else 2
+                add("all-gather", "fsdp", all_gather(f, 4 * n, alpha, bws["fsdp"]), gathers * passes)
+                n += wte * (vc - 1) if g == "embed" else 0.0
+                add("reduce-scatter", "fsdp", all_gather(f, 4 * n, alpha, bws["fsdp"]), passes)
     # data-parallel gradient reduction: sharded groups over data, replicated ones over data·fsdp;
     # the embedding's rows are also split over pipe; the tied wte is reduced for lookup and head.
     for g in GROUPS:
         if auto[g] and sharded[g]:
             continue  # reduced above
         n = full[g] if g == "embed" else full[g] * (R * lmax if S > 1 else L)
-        if g == "embed" and not sharded[g]:
-            n += V * D / t
+        if g == "embed":
+            n += wte * (vc if not sharded[g] else vc - 1)
         n_red = (d if sharded[g] else d * f) * (S if g == "embed" else 1)
         # pipeline.py psums the gathered (unsharded) stage grads over data, then reduce-scatters
         shard = f if sharded[g] and not (S > 1 and g != "embed") else 1
