@@ -170,3 +170,29 @@ def test_hlo_group_size_reads_mesh_groups_with_device_order():
     assert _group_size("replica_groups=mesh['axis_0'=8,'axis_1'=1] {'axis_0'}, to_apply=%add", 8) == 8
     assert _group_size("replica_groups=[4,2]<=[2,4]T(1,0), dimensions={0}", 8) == 2
     assert _group_size("replica_groups={{0,2,4,6},{1,3,5,7}}, to_apply=%add", 8) == 4
+
+
+def test_elementwise_traffic_term_and_shared_host():
+    """cpu row: residual stacking (STACK_PASSES × saved bytes per layer run) at mem_bandwidth,
+    split between the devices sharing the host."""
+    from jaxpar.planner.cost import STACK_PASSES
+
+    m = ModelConfig(n_layer=4, n_embd=256, n_head=8, vocab_size=2048, n_positions=256)
+    w = Workload(m, 16, 128, "fp32")
+    dev = get_device("cpu", {"mem_bandwidth": "1e9"})
+    e = estimate(w, Strategy(data=8), dev)
+    saved, _ = layer_activation_bytes(w, 2, 1, "none", 1, 4)
+    want = 4 * STACK_PASSES * saved  # 4 layers
+    assert e.traffic_s == pytest.approx(want * 8 / 1e9, rel=1e-12)  # 8 emulated devices share the host
+    # remat=full stacks only the block inputs: less traffic, more compute
+    full = estimate(w, Strategy(data=8, remat="full"), dev)
+    assert full.traffic_s < e.traffic_s and full.compute_s > e.compute_s
+    # GPU rows leave the term out (mem_bandwidth 0) and do not share a host
+    assert estimate(w, Strategy(data=8), H100).traffic_s == 0.0
+    solo = estimate(w, Strategy(data=8), get_device("cpu", {"shared_host": "false"}))
+    assert solo.compute_s * 8 == pytest.approx(estimate(w, Strategy(data=8), get_device("cpu")).compute_s, rel=1e-12)
+    # boolean and zero-allowed overrides parse; a negative bandwidth does not
+    assert get_device("cpu", {"reduce_scatter": "false", "mem_bandwidth": "0"}).mem_bandwidth == 0.0
+    with pytest.raises(ConfigError) as err:
+        get_device("cpu", {"mem_bandwidth": "-1"})
+    assert str(err.value) == "device.mem_bandwidth='-1' must be >= 0 (0: not modelled)"

@@ -58,6 +58,17 @@ def test_pruned_search_finds_the_exhaustive_optimum(limit_gib):
     assert all(e.memory["total"] <= limit_gib * 2**30 for e in res.ranked)
 
 
+@pytest.mark.parametrize("limit_gib", [0.02, 1.0])
+def test_search_with_traffic_term_finds_the_exhaustive_optimum(limit_gib):
+    # cpu models elementwise traffic, so remat / splitting can save time: no option pruning there
+    cpu = get_device("cpu")
+    w = Workload(ModelConfig(n_layer=4, n_embd=256, n_head=8, vocab_size=2048, n_positions=256), 16, 128, "fp32")
+    want, _ = exhaustive(w, 8, cpu, limit_gib * 2**30, SearchSpace())
+    res = search(w, 8, cpu, limit_gib * 2**30, SearchSpace(), top_k=4)
+    assert want is not None and res.best is not None
+    assert res.best.step_time_s == pytest.approx(want[0], rel=1e-12)
+
+
 def test_1024_devices_is_fast_and_bounded():
     w = Workload(PRESETS["gpt2-xl"], 1024, 1024)
     res = search(w, 1024, H100, H100.memory)

@@ -23,8 +23,8 @@ the block input T·b·D·cb; mlp_chunks > 1 drops the 8/t MLP part (recomputed c
 Pipelines (p > 1) rematerialise each pipeline iteration: saved = (R·M+S-1) stage inputs
 T·b·D·cb, plus one iteration's activations while it is recomputed.
 
-Compute: FLOPs / (peak × eff), eff = efficiency × r/(r+256) × c/(c+128) with r = T·b rows and
-c = D/t the narrowest matmul dim (small matmuls run below peak). Forward FLOPs per layer per
+Compute: FLOPs / (peak × eff), eff = efficiency × r/(r+knee_rows) × c/(c+knee_cols) with r = T·b
+rows and c = D/t the narrowest matmul dim (small matmuls run below peak; knees 256, 128 on GPUs). Forward FLOPs per layer per
 microbatch: 24·T·b·D²/t + 4·T²·b·D/t; head 2·T·b·D·V/t; training = 3× forward, plus one
 forward per recompute.
 
@@ -49,7 +49,8 @@ from jaxpar.planner.devices import DeviceSpec
 
 GROUPS = ("embed", "attn", "mlp")
 REMAT = ("none", "selective", "full")
-STATE_BYTES = 16  # fp32 master 4 + grad 4 + Adam m 4 + v 4
+STATE_BYTES = 16
+STACK_PASSES = 4  # zero-fill, copy, slice write, slice read of each stacked residual (see estimate)  # fp32 master 4 + grad 4 + Adam m 4 + v 4
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class Estimate:
     layers_per_stage: tuple[int, ...] = ()
     fits: bool = True
     notes: list[str] = field(default_factory=list)
+    traffic_s: float = 0.0  # elementwise memory traffic time (in step_time_s; 0 where not modelled)
 
     @property
     def memory_per_device_bytes(self) -> float:
@@ -239,8 +241,10 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     fl_head_train = fl_head * (3 + (1 if s.vocab_chunks > 1 else 0))
     peak = dev.peak_flops if w.precision == "bf16" else dev.peak_flops_fp32
     rows, cols = T * b, D / t
-    eff = dev.efficiency * rows / (rows + 256) * cols / (cols + 128)
-    sec = 1.0 / (peak * eff)
+    eff = dev.efficiency * rows / (rows + dev.knee_rows) * cols / (cols + dev.knee_cols)
+    # Emulated devices (shared_host) split one host's FLOP/s and memory bandwidth between them.
+    share = s.n_devices if dev.shared_host else 1
+    sec = share / (peak * eff)
 
     saved, live = layer_activation_bytes(w, b, t, remat, s.mlp_chunks, cb)
     unit = T * b * D * cb  # one (b, T, D) activation in the compute dtype
@@ -388,9 +392,26 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         add("all-gather", "pipe", all_gather(S, M * unit, alpha, bw), 2)  # embedded inputs to every stage
         add("all-reduce", "pipe", all_reduce(S, M * unit, alpha, bw), 2)  # last stage's outputs back
 
+    # --- memory traffic outside the matmul fusions (bytes), what an XLA:CPU profile shows beside
+    # the dots. Residual stacking: the layer scan stores each saved residual in an (L, ...) stack
+    # that XLA zero-fills, copies, writes slice by slice and reads back in backward (STACK_PASSES
+    # passes over the saved bytes: broadcast, copy, dynamic-update-slice and dynamic-slice
+    # fusions, about a third of a no-remat step, mostly gone under remat=full). chunked_mlp also
+    # re-lays the layer's MLP weights out in strided chunks (read + write) and their grads back
+    # (read + write), stacks those copies, and re-writes the MLP activations it recomputes.
+    # Streaming updates (AdamW, bias adds) run near memory speed inside fusions and are left out:
+    # with them the fit over-charges replicated optimizers (data=8 measured no slower than fsdp=8).
+    traffic = 0.0
+    if dev.mem_bandwidth > 0:
+        traffic = layers_run * STACK_PASSES * saved
+        if s.mlp_chunks > 1:
+            traffic += layers_run * ((4 + STACK_PASSES) * 4 * el["mlp"] + MLP_UNITS * T * b * D * cb / t)
+    traffic_s = traffic * share / dev.mem_bandwidth if traffic else 0.0
+
     hidden = dev.overlap
-    step = compute + comm["tensor"] + comm["pipe"] + (1 - hidden) * (comm["fsdp"] + comm["data"])
+    step = compute + traffic_s + comm["tensor"] + comm["pipe"] + (1 - hidden) * (comm["fsdp"] + comm["data"])
     model_flops = m.flops_per_token(T) * w.batch_size * T
     mfu = model_flops / (step * s.n_devices * peak)
     fits = memory_limit is None or mem["total"] <= memory_limit
-    return Estimate(s, mem, step, compute, comm, cbytes, bubble, mfu, w.batch_size * T / step, tuple(lps), fits)
+    return Estimate(s, mem, step, compute, comm, cbytes, bubble, mfu, w.batch_size * T / step, tuple(lps), fits,
+                    traffic_s=traffic_s)

@@ -31,14 +31,21 @@ class DeviceSpec:
     latency: float  # alpha: seconds per collective hop
     node_size: int = 8  # devices sharing the fast intra-node link
     efficiency: float = 0.55  # best achievable fraction of peak on large matmuls
+    knee_rows: float = 256.0  # matmul rows (tokens) at which half of `efficiency` is reached
+    knee_cols: float = 128.0  # matmul width (n_embd / tensor) at which half of it is reached
     overlap: float = 0.0  # fraction of DP/FSDP collective time hidden behind compute
     reduce_scatter: bool = True  # False: the backend lowers reduce-scatter to all-reduce (XLA:CPU)
     native_bf16: bool = True  # False: bf16 matmuls run upcast to fp32 (XLA:CPU), fp32 activations
+    mem_bandwidth: float = 0.0  # elementwise traffic, bytes/s; 0: not modelled (fused away, see README)
+    shared_host: bool = False  # True: emulated devices share one host; peak and mem_bandwidth are the host's
 
 
 DEVICES: dict[str, DeviceSpec] = {
-    "cpu": DeviceSpec("cpu", 5e10, 5e10, 16 * GiB, 5e9, 5e9, 2e-5, node_size=1 << 30, efficiency=0.5,
-                      reduce_scatter=False, native_bf16=False),
+    # Emulated devices on one host; fitted on a 2-core AMD EPYC by benchmarks/cpu_calibration.py
+    # (rerun it and copy its figures for another host).
+    "cpu": DeviceSpec("cpu", 2.7e11, 2.7e11, 16 * GiB, 1.1e9, 1.1e9, 2e-5, node_size=1 << 30, efficiency=0.5,
+                      knee_rows=128.0, knee_cols=32.0, reduce_scatter=False, native_bf16=False, mem_bandwidth=6.2e9,
+                      shared_host=True),
     "a100-40g": DeviceSpec("a100-40g", 312e12, 19.5e12, 40 * GiB, 300e9, 25e9, 5e-6, overlap=0.5),
     "a100-80g": DeviceSpec("a100-80g", 312e12, 19.5e12, 80 * GiB, 300e9, 25e9, 5e-6, overlap=0.5),
     "h100": DeviceSpec("h100", 989e12, 67e12, 80 * GiB, 450e9, 50e9, 3e-6, overlap=0.5),
@@ -83,13 +90,15 @@ def get_device(kind: str, overrides: dict[str, str] | None = None) -> DeviceSpec
                 v = parse_bytes(raw, "device.memory")
             elif k == "node_size":
                 v = int(raw)
-            elif k in ("reduce_scatter", "native_bf16"):
+            elif k in ("reduce_scatter", "native_bf16", "shared_host"):
                 v = str(raw).lower() in ("1", "true", "yes")
             else:
                 v = float(raw)
         except ValueError:
             raise ConfigError(f"device.{k}={raw!r} is not a number") from None
-        if v <= 0 and k != "overlap":
+        if k in ("mem_bandwidth", "knee_rows", "knee_cols") and v < 0:
+            raise ConfigError(f"device.{k}={raw!r} must be >= 0 (0: not modelled)")
+        if not isinstance(v, bool) and v <= 0 and k not in ("overlap", "mem_bandwidth", "knee_rows", "knee_cols"):
             raise ConfigError(f"device.{k}={raw!r} must be positive")
         if k in ("efficiency", "overlap") and not 0 <= v <= 1:
             raise ConfigError(f"device.{k}={raw!r} must be in [0, 1]")

@@ -12,6 +12,10 @@ Pruning (exact, never drops a plan that could rank in the top k):
   * without a pipeline, more grad-accumulation steps only add time (smaller matmuls, one
     more FSDP gather/scatter round per microbatch) while saving memory, so for each other
     option we stop at the first (smallest) M that fits.
+  * within a mesh, an option at least as costly in every time coordinate (remat, vocab_chunks,
+    mlp_chunks) as one that fits is skipped. This and the M rule hold only while remat and
+    splitting never save time, i.e. for devices without an elementwise-traffic term
+    (`mem_bandwidth == 0`); with one (cpu), every option is estimated.
 """
 
 from __future__ import annotations
@@ -136,20 +140,25 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
         if _lower_bound(w, mesh, dev) > kth:
             break  # every later mesh has an even larger lower bound
         d, f, t, p = mesh
+        # Remat and splitting only add time while elementwise traffic is not modelled; with it
+        # (mem_bandwidth > 0, e.g. cpu) they can save more traffic than they cost, so every
+        # option is estimated.
+        monotone = dev.mem_bandwidth == 0
         for rep, r, ms, opts in _options(w, mesh, space):
             fitted_at: dict[int, list] = {}  # M -> options that fit at that M
             for M in ms:
                 fitted = fitted_at.setdefault(M, [])
                 for n_opt, opt in enumerate(opts):
                     # p == 1: a smaller M that fits with an option <= this one is faster.
-                    if _dominated(opt, fitted) or (p == 1 and any(_dominated(opt, v) for v in fitted_at.values())):
+                    if monotone and (_dominated(opt, fitted) or
+                                     (p == 1 and any(_dominated(opt, v) for v in fitted_at.values()))):
                         continue
                     ri, vc, mc = opt
                     s = Strategy(d, f, t, p, M, r, space.remat[ri], rep, vc, mc)
                     e = estimate(w, s, dev, memory_limit)
                     evaluated += 1
                     min_mem = min(min_mem, e.memory["total"])
-                    if n_opt == 0 and e.step_time_s > kth:
+                    if monotone and n_opt == 0 and e.step_time_s > kth:
                         break  # opts[0] (no remat, no splitting) is the fastest option at this M
                     if e.fits:
                         fitted.append(opt)
