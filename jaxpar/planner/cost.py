@@ -24,9 +24,13 @@ Pipelines (p > 1) rematerialise each pipeline iteration: saved = (R·M+S-1) stag
 T·b·D·cb, plus one iteration's activations while it is recomputed.
 
 Compute: FLOPs / (peak × eff), eff = efficiency × r/(r+knee_rows) × c/(c+knee_cols) with r = T·b
-rows and c = D/t the narrowest matmul dim (small matmuls run below peak; knees 256, 128 on GPUs). Forward FLOPs per layer per
-microbatch: 24·T·b·D²/t + 4·T²·b·D/t; head 2·T·b·D·V/t; training = 3× forward, plus one
-forward per recompute.
+rows and c = D/t the narrowest matmul dim (small matmuls run below peak; knees 256, 128 on
+GPUs). Forward FLOPs per layer per microbatch: 24·T·b·D²/t + 4·T²·b·D/t; head 2·T·b·D·V/t;
+training = 3× forward, plus one forward per recompute.
+
+Elementwise traffic (devices with mem_bandwidth > 0, i.e. cpu): layers_run · STACK_PASSES ·
+saved bytes of residual stacking (+ chunked-MLP weight re-layouts) / mem_bandwidth, on the
+critical path. Emulated devices sharing one host (shared_host) split its peak and bandwidth n ways.
 
 Communication, alpha-beta per collective over n devices with payload X bytes:
   all-reduce (ring)        2(n-1)·α + 2(n-1)/n · X / bw
@@ -49,8 +53,8 @@ from jaxpar.planner.devices import DeviceSpec
 
 GROUPS = ("embed", "attn", "mlp")
 REMAT = ("none", "selective", "full")
-STATE_BYTES = 16
-STACK_PASSES = 4  # zero-fill, copy, slice write, slice read of each stacked residual (see estimate)  # fp32 master 4 + grad 4 + Adam m 4 + v 4
+STATE_BYTES = 16  # fp32 master 4 + grad 4 + Adam m 4 + v 4
+STACK_PASSES = 4  # zero-fill, copy, slice write, slice read of each stacked residual (see estimate)
 
 
 @dataclass(frozen=True)
