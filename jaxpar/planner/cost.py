@@ -289,7 +289,11 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     # logits/log-probs/grad + one layer's activation grads (a pipeline's stage re-run is in `acts`)
     tmp = head + live * (1 if remat != "full" and S == 1 else 0)
     if f > 1 and S > 1:  # pipeline.py gathers a stage's weights once per step; grads stay unsharded until the end
-        tmp += 8 * R * lmax * sum(full[g] for g in ("attn", "mlp") if sharded[g])
+        # Seen in the buffer assignment (row 10, 1x4x1x2): three fp32 stage-sized copies live at the
+        # peak, e.g. f32[1, lmax, D, 3, N, D/N] for c_attn: the all-gather output (gathered dim
+        # major), its wrapped_copy to the scan's row-major layout, and the unsharded grad carried
+        # by the scan: 3 · 4 · R · lmax · (sharded block params per layer).
+        tmp += 12 * R * lmax * sum(full[g] for g in ("attn", "mlp") if sharded[g])
     if S > 1 and R > 1:
         tmp += 4 * (L / S) * full_layer  # circular re-layout moves a copy of the stage's block params
     if s.mlp_chunks > 1:
