@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import os
 import sys
 import time
@@ -34,7 +33,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from planner_regret import base_config, label, measure  # noqa: E402
+from planner_regret import base_config, label, measure, write_json  # noqa: E402
 
 # Calibration models: narrower and wider than the regret model (n_embd 256), same vocab / batch.
 MODELS = [
@@ -152,12 +151,9 @@ def main(argv: list[str] | None = None) -> int:
           f"device.mem_bandwidth={fitted.mem_bandwidth:.3g} device.knee_rows={kr:g} device.knee_cols={kc:g} "
           f"device.latency={alpha:.3g} device.bandwidth={bw:.3g} device.inter_bandwidth={bw:.3g}")
     out = {"rows": rows, "a": a, "b": b, "peak_flops": fitted.peak_flops, "mem_bandwidth": fitted.mem_bandwidth,
-           "knee_rows": kr, "knee_cols": kc, "latency": alpha, "bandwidth": bw, "allreduce_points": points, "mean_abs_error": float(np.mean(errs)), "max_abs_error": float(max(errs)),
-           "load_average": os.getloadavg()}
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(out, fh, indent=1)
-    print(f"wrote {args.out}")
+           "knee_rows": kr, "knee_cols": kc, "latency": alpha, "bandwidth": bw, "allreduce_points": points,
+           "mean_abs_error": float(np.mean(errs)), "max_abs_error": float(max(errs)), "load_average": os.getloadavg()}
+    write_json(args.out, out)
     return 0
 
 

@@ -134,6 +134,14 @@ def measure(cfg, estimates: list, rounds: int) -> tuple[list[list[float]], tuple
     return [run["times"] for run in runs], (load0, os.getloadavg())
 
 
+def write_json(path: str, obj: dict) -> None:
+    """Write a benchmark report (creating its folder) and say where."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(obj, fh, indent=1)
+    print(f"wrote {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--top", type=int, default=8, help="planner candidates (best strategy per mesh)")
@@ -174,10 +182,7 @@ def main(argv: list[str] | None = None) -> int:
           f"regret {100 * out['regret']:+.1f}% (target <= 5%; on minimums {100 * out['regret_min']:+.1f}%); "
           f"rank correlation predicted vs measured {out['spearman']:+.2f}; "
           f"load average {load0[0]:.1f} -> {load1[0]:.1f}")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(out, fh, indent=1)
-    print(f"wrote {args.out}")
+    write_json(args.out, out)
     return 0
 
 

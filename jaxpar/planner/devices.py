@@ -52,6 +52,8 @@ DEVICES: dict[str, DeviceSpec] = {
     "h200": DeviceSpec("h200", 989e12, 67e12, 141e9, 450e9, 50e9, 3e-6, overlap=0.5),
 }
 
+_ZERO_OK = ("mem_bandwidth", "knee_rows", "knee_cols")  # fields where 0 switches a term off
+
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
           "kib": 1024, "mib": 1024**2, "gib": GiB, "tib": 1024**4}
 
@@ -96,9 +98,9 @@ def get_device(kind: str, overrides: dict[str, str] | None = None) -> DeviceSpec
                 v = float(raw)
         except ValueError:
             raise ConfigError(f"device.{k}={raw!r} is not a number") from None
-        if k in ("mem_bandwidth", "knee_rows", "knee_cols") and v < 0:
+        if k in _ZERO_OK and v < 0:
             raise ConfigError(f"device.{k}={raw!r} must be >= 0 (0: not modelled)")
-        if not isinstance(v, bool) and v <= 0 and k not in ("overlap", "mem_bandwidth", "knee_rows", "knee_cols"):
+        if not isinstance(v, bool) and v <= 0 and k not in _ZERO_OK + ("overlap",):
             raise ConfigError(f"device.{k}={raw!r} must be positive")
         if k in ("efficiency", "overlap") and not 0 <= v <= 1:
             raise ConfigError(f"device.{k}={raw!r} must be in [0, 1]")

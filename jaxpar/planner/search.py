@@ -135,15 +135,15 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
     evaluated, min_mem = 0, float("inf")
 
     kth = float("inf")  # k-th best step time among per-mesh bests so far
+    # Remat and splitting only add time while elementwise traffic is not modelled; with it
+    # (mem_bandwidth > 0, e.g. cpu) they can save more traffic than they cost, so every option
+    # is estimated.
+    monotone = dev.mem_bandwidth == 0
 
     for mesh in order:
         if _lower_bound(w, mesh, dev) > kth:
             break  # every later mesh has an even larger lower bound
         d, f, t, p = mesh
-        # Remat and splitting only add time while elementwise traffic is not modelled; with it
-        # (mem_bandwidth > 0, e.g. cpu) they can save more traffic than they cost, so every
-        # option is estimated.
-        monotone = dev.mem_bandwidth == 0
         for rep, r, ms, opts in _options(w, mesh, space):
             fitted_at: dict[int, list] = {}  # M -> options that fit at that M
             for M in ms:
