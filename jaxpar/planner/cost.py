@@ -36,9 +36,9 @@ Communication, alpha-beta per collective over n devices with payload X bytes:
   all-reduce (ring)        2(n-1)·α + 2(n-1)/n · X / bw
   all-gather / red-scatter  (n-1)·α +  (n-1)/n · X / bw
   ppermute                      α +           X / bw
-bw is intra-node when the axis spans <= node_size devices (mesh order data, fsdp, tensor,
-pipe; pipe innermost), else inter-node. Tensor and pipeline transfers sit on the critical
-path; DP/FSDP collectives are hidden behind compute by the device's `overlap` fraction.
+bw is intra-node when the axis spans <= node_size devices (devices fill the mesh in the
+strategy's `order`: jaxpar's data, fsdp, tensor, pipe, pipe innermost), else inter-node.
+Tensor and pipeline transfers sit on the critical path; DP/FSDP collectives are hidden behind compute by the device's `overlap` fraction.
 Pipeline bubble: (S-1)/(R·M+S-1).
 """
 
@@ -54,6 +54,8 @@ from jaxpar.planner.devices import DeviceSpec
 GROUPS = ("embed", "attn", "mlp")
 REMAT = ("none", "selective", "full")
 STATE_BYTES = 16  # fp32 master 4 + grad 4 + Adam m 4 + v 4
+JAXPAR_ORDER = ("data", "fsdp", "tensor", "pipe")  # mesh axes, outermost first (jaxpar.mesh.AXES)
+MEGATRON_ORDER = ("pipe", "data", "fsdp", "tensor")  # Megatron-LM's rank layout: tensor innermost
 STACK_PASSES = 4  # zero-fill, copy, slice write, slice read of each stacked residual (see estimate)
 
 
@@ -86,6 +88,11 @@ class Strategy:
     replicated: tuple[str, ...] = ()  # OSDP groups kept replicated over fsdp (others ZeRO-3)
     vocab_chunks: int = 1  # chunked logits + cross-entropy (token chunks, recomputed in backward)
     mlp_chunks: int = 1  # chunked MLP (sequence chunks, fc/gelu recomputed in backward)
+    # Device placement: mesh axes from outermost (slowest-varying device index) to innermost.
+    # JAXPAR_ORDER is what jaxpar.mesh builds (jax.make_mesh reshapes the process-ordered device
+    # list, pipe fastest); MEGATRON_ORDER is Megatron-LM's rank layout (tensor groups are
+    # consecutive ranks, pipeline groups strided by n/p: megatron/core/parallel_state.py).
+    order: tuple[str, ...] = JAXPAR_ORDER
 
     @property
     def mesh(self) -> dict[str, int]:
@@ -163,10 +170,13 @@ def ppermute(x: float, alpha: float, bw: float) -> tuple[float, float]:
 
 def axis_bandwidths(dev: DeviceSpec, s: Strategy) -> dict[str, float]:
     """Intra-node bandwidth for an axis whose devices sit in one node, else inter-node.
-    Devices fill the mesh (data, fsdp, tensor, pipe) with pipe innermost, so the span of
-    an axis is its size times the sizes of the axes to its right."""
-    spans = {"pipe": s.pipe, "tensor": s.pipe * s.tensor, "fsdp": s.pipe * s.tensor * s.fsdp,
-             "data": s.n_devices}
+    Devices fill the mesh in `s.order` (outermost first; jaxpar: data, fsdp, tensor, pipe with
+    pipe innermost), so the span of an axis is its size times the sizes of the axes inside it:
+    with jaxpar's order a tensor axis of 8 inside a pipe axis of 8 spans 64 devices (8 nodes)."""
+    spans, inner = {}, 1
+    for a in reversed(s.order):
+        inner *= s.mesh[a]
+        spans[a] = inner
     return {a: dev.bandwidth if n <= dev.node_size else dev.inter_bandwidth for a, n in spans.items()}
 
 
