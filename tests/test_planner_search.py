@@ -8,7 +8,7 @@ from jaxpar.config import PRESETS, ConfigError, ModelConfig
 from jaxpar.planner.cost import GROUPS, REMAT, Strategy, Workload, estimate
 from jaxpar.planner.devices import get_device
 from jaxpar.planner.plan import plan_for
-from jaxpar.planner.search import SearchSpace, divisors, meshes, search
+from jaxpar.planner.search import REPEATS, SearchSpace, divisors, meshes, search
 
 H100 = get_device("h100")
 # A model whose dims are powers of two, so every axis (tensor too) can be used.
@@ -34,7 +34,7 @@ def exhaustive(w, n, dev, limit, space):
     best, min_mem = None, float("inf")
     for d, f, t, p in meshes(w, n, space.pipeline):
         b_rep = w.batch_size // (d * f)
-        reps = [1] + ([r for r in (2, 4) if w.model.n_layer % (p * r) == 0] if p > 1 and space.repeats else [])
+        reps = [1] + ([r for r in REPEATS if w.model.n_layer % (p * r) == 0] if p > 1 and space.repeats else [])
         groups = [()] if f == 1 or not space.osdp else [
             tuple(g for g, x in zip(GROUPS, bits) if x) for bits in itertools.product((0, 1), repeat=3) if not all(bits)]
         for rep, r, M, remat, vc, mc in itertools.product(groups, reps, divisors(b_rep), space.remat,

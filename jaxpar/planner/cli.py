@@ -6,6 +6,11 @@ peak_flops_fp32, memory, bandwidth, inter_bandwidth, latency, node_size, efficie
 memory_limit=16GB (default: the device's memory), out=plan.json (file or dir/),
 sweep=8,16,...,1024 (PNG of predicted throughput and MFU vs devices), top=N rows,
 space=full|train (train: only what `jaxpar train` applies today), attention=naive|flash.
+Fixed values (the keys `jaxpar train` takes; the search keeps them and chooses the rest):
+mesh.data|fsdp|tensor|pipe (-1: searched), pipeline.microbatches|schedule|repeats (pipe > 1),
+train.grad_accum, train.remat, train.vocab_chunks|mlp_chunks, sharding.replicate. With all of
+them fixed, `jaxpar plan` evaluates that one configuration (a what-if): the breakdown below the
+table, or one `error:` line naming the resource it exceeds.
 Exit 0 on success, 2 with one line `error: ...` on stderr for invalid input or when no plan fits.
 """
 
@@ -19,10 +24,16 @@ from jaxpar.config import Config, ConfigError, apply_overrides, parse_kv, valida
 from jaxpar.planner.cost import Workload
 from jaxpar.planner.devices import parse_bytes
 from jaxpar.planner.plan import fmt_bytes, plan_for, save_plan
-from jaxpar.planner.search import TRAIN_SUPPORTED, SearchSpace
+from jaxpar.planner.search import TRAIN_SUPPORTED, Fixed, SearchSpace
 
 USAGE = "usage: jaxpar plan [model=<preset>] [devices=N] [device=h100] [train.batch_size=B] ... [--json]"
 CONFIG_KEYS = ("model", "train.batch_size", "train.seq_len", "precision")
+# keys `jaxpar train` takes that fix part of the plan (Fixed field each one sets)
+FIXED_KEYS = {"mesh.data": "data", "mesh.fsdp": "fsdp", "mesh.tensor": "tensor", "mesh.pipe": "pipe",
+              "pipeline.microbatches": "microbatches", "pipeline.schedule": "schedule",
+              "pipeline.repeats": "repeats", "train.grad_accum": "grad_accum", "train.remat": "remat",
+              "train.vocab_chunks": "vocab_chunks", "train.mlp_chunks": "mlp_chunks",
+              "sharding.replicate": "replicate"}
 PLAN_KEYS = ("devices", "device", "memory_limit", "out", "sweep", "top", "space", "attention")
 
 
@@ -45,7 +56,7 @@ def parse_args(argv: list[str]) -> dict:
     kv = parse_kv([a for a in argv if not a.startswith("--")])
     cfg_items, dev_over, opts = {}, {}, {}
     for k, v in kv.items():
-        if k in CONFIG_KEYS or k.startswith("model."):
+        if k in CONFIG_KEYS or k in FIXED_KEYS or k.startswith("model."):
             cfg_items[k] = v
         elif k.startswith("device."):
             dev_over[k[len("device."):]] = v
@@ -53,8 +64,17 @@ def parse_args(argv: list[str]) -> dict:
             opts[k] = v
         else:
             raise ConfigError(f"unknown key {k!r} (valid: model, model.*, {', '.join(CONFIG_KEYS[1:])}, "
-                              f"device.*, {', '.join(PLAN_KEYS)})")
+                              f"device.*, {', '.join(PLAN_KEYS)}, {', '.join(FIXED_KEYS)})")
+    # fixed keys go through train's own parsing and validation (same types, same messages)
     cfg = validate(apply_overrides(Config(), cfg_items))
+    fixed = {}
+    for key, name in FIXED_KEYS.items():
+        if key in cfg_items:
+            section, field = key.split(".")
+            v = getattr(getattr(cfg, section), field)
+            if section == "mesh" and v == -1:
+                continue  # -1: the search fills this axis
+            fixed[name] = tuple(v) if isinstance(v, (list, tuple)) else v
     space = opts.get("space", "full")
     if space not in ("full", "train"):
         raise ConfigError(f"space={space!r} must be full or train")
@@ -76,6 +96,7 @@ def parse_args(argv: list[str]) -> dict:
         "top": _int(opts.get("top", "5"), "top"),
         "space": TRAIN_SUPPORTED if space == "train" else SearchSpace(),
         "attention": attention,
+        "fixed": Fixed(**fixed),
     }
 
 
@@ -100,15 +121,32 @@ def print_table(rows: list[dict], title: str) -> None:
     Console(width=160).print(tab)
 
 
+def print_breakdown(b: dict) -> None:
+    """Per-device, per-step breakdown of one plan summary: memory by part, compute, each
+    collective's time and bytes (DP/FSDP ones partly hidden by the device's overlap), bubble, MFU."""
+    mem = b["memory_breakdown_bytes"]
+    print("breakdown (per device, per step):")
+    print("  memory   " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in mem.items())
+          + f" = {fmt_bytes(b['memory_per_device_bytes'])}")
+    print(f"  compute  {b['compute_s']:.4g} s (pipeline bubble {100 * b['bubble']:.1f}% of it)"
+          + (f", elementwise traffic {b['traffic_s']:.4g} s" if b.get("traffic_s") else ""))
+    for name, c in sorted(b["collectives"].items(), key=lambda kv: -kv[1]["seconds"]):
+        print(f"  {name:<24} {c['seconds']:.4g} s, {fmt_bytes(c['bytes'])} sent")
+    exposed = ", ".join(f"{k} {v:.4g} s" for k, v in b["comm_s"].items() if v)
+    print(f"  step     {b['step_time_s']:.4g} s = compute + tensor/pipe + unhidden data/fsdp "
+          f"(totals: {exposed or 'no communication'}); MFU {100 * b['mfu']:.1f}%")
+
+
 def run(opts: dict) -> int:
     cfg = opts["cfg"]
     w = Workload(cfg.model, cfg.train.batch_size, cfg.train.seq_len, cfg.precision, opts["attention"])
     plan, res = plan_for(w, opts["devices"], opts["device"], opts["memory_limit"], opts["device_overrides"],
-                         opts["space"], top_k=max(opts["top"], 2))
+                         opts["space"], top_k=max(opts["top"], 2), fixed=opts["fixed"])
     sweep_points = []
     for n in opts["sweep"]:
         try:
-            p, _ = plan_for(w, n, opts["device"], opts["memory_limit"], opts["device_overrides"], opts["space"], 2)
+            p, _ = plan_for(w, n, opts["device"], opts["memory_limit"], opts["device_overrides"], opts["space"], 2,
+                            opts["fixed"])
         except ConfigError as e:  # some counts may not fit or not divide the batch: leave a gap
             sweep_points.append({"devices": n, "error": str(e)})
             continue
@@ -135,7 +173,10 @@ def run(opts: dict) -> int:
     b = plan.data
     print(f"chosen: mesh {_mesh_str(b['mesh'])} (data×fsdp×tensor×pipe), {b['tokens_per_s']:.4g} tokens/s, "
           f"MFU {100 * b['mfu']:.1f}%, {fmt_bytes(b['memory_per_device_bytes'])}/device")
-    print(f"searched {res.evaluated} strategies over {res.meshes} meshes in {res.seconds:.2f} s; wrote {path}")
+    print_breakdown(b)
+    fixed = " ".join(f"{k}={v}" for k, v in b.get("fixed", {}).items())
+    print(f"searched {res.evaluated} strategies over {res.meshes} meshes in {res.seconds:.2f} s"
+          f"{' keeping ' + fixed if fixed else ''}; wrote {path}")
     for p in sweep_points:
         if "error" in p:
             print(f"sweep devices={p['devices']}: {p['error']}")

@@ -120,6 +120,8 @@ class Estimate:
     fits: bool = True
     notes: list[str] = field(default_factory=list)
     traffic_s: float = 0.0  # elementwise memory traffic time (in step_time_s; 0 where not modelled)
+    # per (axis, collective kind) -> [seconds, bytes sent per device]; seconds before overlap
+    collectives: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def memory_per_device_bytes(self) -> float:
@@ -316,9 +318,15 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     cbytes = {"all-reduce": 0.0, "all-gather": 0.0, "reduce-scatter": 0.0, "ppermute": 0.0}
     comm = {"tensor": 0.0, "fsdp": 0.0, "data": 0.0, "pipe": 0.0}
 
+    detail: dict[str, list[float]] = {}
+
     def add(kind: str, axis: str, res: tuple[float, float], times: float = 1.0) -> None:
         comm[axis] += res[0] * times
         cbytes[kind] += res[1] * times
+        if res[1] > 0:
+            cell = detail.setdefault(f"{axis} {kind}", [0.0, 0.0])
+            cell[0] += res[0] * times
+            cell[1] += res[1] * times
 
     bws = axis_bandwidths(dev, s)
     if t > 1:
@@ -432,4 +440,4 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     mfu = model_flops / (step * s.n_devices * peak)
     fits = memory_limit is None or mem["total"] <= memory_limit
     return Estimate(s, mem, step, compute, comm, cbytes, bubble, mfu, w.batch_size * T / step, tuple(lps), fits,
-                    traffic_s=traffic_s)
+                    traffic_s=traffic_s, collectives=detail)

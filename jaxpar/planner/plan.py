@@ -41,6 +41,9 @@ def summary(e: Estimate) -> dict[str, Any]:
         "compute_s": e.compute_s,
         "comm_s": e.comm_s,
         "comm_bytes": {k: int(v) for k, v in e.comm_bytes.items()},
+        # each collective: seconds (before DP/FSDP overlap) and bytes sent per device per step
+        "collectives": {k: {"seconds": v[0], "bytes": int(v[1])} for k, v in e.collectives.items()},
+        "traffic_s": e.traffic_s,
         "bubble": e.bubble,
         "mfu": e.mfu,
         "tokens_per_s": e.tokens_per_s,
@@ -177,26 +180,42 @@ def fmt_bytes(x: float) -> str:
     return f"{x / 2**30:.2f} GiB"
 
 
+def memory_parts(e: Estimate) -> str:
+    """'activations 90.30 GiB, optimizer 17.70 GiB, ...', largest part first."""
+    parts = sorted(((k, v) for k, v in e.memory.items() if k != "total"), key=lambda kv: -kv[1])
+    return ", ".join(f"{k} {fmt_bytes(v)}" for k, v in parts)
+
+
 def plan_for(w: Workload, n_devices: int, device: str = "h100", memory_limit: float | None = None,
-             device_overrides: dict[str, str] | None = None, space=None, top_k: int = 8):
+             device_overrides: dict[str, str] | None = None, space=None, top_k: int = 8, fixed=None):
     """Search and wrap the result in a Plan -> (plan, SearchResult).
 
-    Raises ConfigError naming the smallest per-device memory any plan needs when nothing fits
-    `memory_limit` (default: the device's memory)."""
+    `fixed` (search.Fixed): values the plan must keep; the rest is searched. Raises ConfigError
+    naming the fixed values no mesh can realise, or, when nothing fits `memory_limit` (default:
+    the device's memory), the smallest per-device memory any plan needs and its largest parts."""
     from jaxpar.planner.devices import get_device
-    from jaxpar.planner.search import SearchSpace, search
+    from jaxpar.planner.search import Fixed, SearchSpace, check_fixed, search
 
+    fixed = fixed or Fixed()
     dev = get_device(device, device_overrides)
     limit = dev.memory if memory_limit is None else memory_limit
-    res = search(w, n_devices, dev, limit, space or SearchSpace(), top_k)
-    if res.meshes == 0:
-        raise ConfigError(f"devices={n_devices} has no mesh that divides train.batch_size={w.batch_size} "
-                          f"and the model's dims (model.n_embd={w.model.n_embd}, model.n_head={w.model.n_head})")
+    shown = " ".join(f"{k}={v}" for k, v in fixed.items().items())
+    why = check_fixed(w, n_devices, fixed)
+    if why:
+        raise ConfigError(why)
+    res = search(w, n_devices, dev, limit, space or SearchSpace(), top_k, fixed)
+    if res.meshes == 0 or res.lightest is None:
+        keep = f" with {shown}" if shown else ""
+        raise ConfigError(f"devices={n_devices} has no mesh{keep} that divides train.batch_size={w.batch_size} "
+                          f"and the model's dims (model.n_embd={w.model.n_embd}, model.n_head={w.model.n_head}, "
+                          f"model.n_layer={w.model.n_layer})")
     if not res.ranked:
-        raise ConfigError(f"no plan fits memory_limit={fmt_bytes(limit)} on {n_devices} × {device}: the smallest "
-                          f"per-device memory any plan needs is {fmt_bytes(res.min_memory)} "
-                          f"({int(res.min_memory)} bytes)")
-    extra = {"search": {"evaluated": res.evaluated, "meshes": res.meshes, "seconds": round(res.seconds, 3)}}
+        what = f"{shown} needs" if res.evaluated == 1 and shown else "the smallest per-device memory any plan needs is"
+        raise ConfigError(f"no plan fits memory_limit={fmt_bytes(limit)} on {n_devices} × {device}: {what} "
+                          f"{fmt_bytes(res.min_memory)} ({int(res.min_memory)} bytes) per device: "
+                          f"{memory_parts(res.lightest)}")
+    extra = {"search": {"evaluated": res.evaluated, "meshes": res.meshes, "seconds": round(res.seconds, 3)},
+             "fixed": fixed.items()}
     return make_plan(w, device, n_devices, limit, res.ranked, extra), res
 
 

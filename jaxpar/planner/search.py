@@ -16,16 +16,29 @@ Pruning (exact, never drops a plan that could rank in the top k):
     mlp_chunks) as one that fits is skipped. This and the M rule hold only while remat and
     splitting never save time, i.e. for devices without an elementwise-traffic term
     (`mem_bandwidth == 0`); with one (cpu), every option is estimated.
+
+Constraints (`Fixed`, from the same keys `jaxpar train` takes): fixed mesh axes, microbatches,
+repeats / schedule, remat, op splitting and OSDP groups narrow the enumeration; the rest is
+searched. With everything fixed the search estimates exactly one strategy (a what-if).
+Pipeline settings (`pipeline.microbatches|repeats`, `pipeline.schedule=circular`) only exist with
+a pipeline, so fixing one keeps pipe > 1 meshes only. The pruning rules above hold on any
+sub-space, so the result is still the exact optimum of what is left.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass, field
 
 from jaxpar.planner.cost import GROUPS, REMAT, Estimate, Strategy, Workload, estimate
 from jaxpar.planner.devices import DeviceSpec
+
+
+# circular repeats the search tries (R = 1 is gpipe). R = 3 matters where L/p is odd, e.g.
+# Megatron's 530B row: 105 layers on 35 stages runs 3 one-layer chunks per device.
+REPEATS = (2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,55 @@ class SearchSpace:
     max_microbatches: int = 64
 
 
+@dataclass(frozen=True)
+class Fixed:
+    """Values fixed by the user (None: searched). Names follow `jaxpar train`'s keys."""
+
+    data: int | None = None  # mesh.data (-1 on the command line: searched)
+    fsdp: int | None = None
+    tensor: int | None = None
+    pipe: int | None = None
+    microbatches: int | None = None  # pipeline.microbatches (needs pipe > 1)
+    grad_accum: int | None = None  # train.grad_accum (microbatches without a pipeline)
+    repeats: int | None = None  # pipeline.repeats (needs pipe > 1)
+    schedule: str | None = None  # pipeline.schedule: gpipe (R = 1) | circular (R > 1)
+    remat: str | None = None  # train.remat
+    vocab_chunks: int | None = None  # train.vocab_chunks
+    mlp_chunks: int | None = None  # train.mlp_chunks
+    replicate: tuple[str, ...] | None = None  # sharding.replicate (OSDP groups kept replicated)
+
+    @property
+    def mesh(self) -> dict[str, int | None]:
+        return {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor, "pipe": self.pipe}
+
+    @property
+    def needs_pipeline(self) -> bool:
+        return self.microbatches is not None or self.repeats is not None or self.schedule == "circular"
+
+    def restrict(self, space: "SearchSpace") -> "SearchSpace":
+        """The search space with the fixed remat / splitting values as its only choices."""
+        return dataclasses.replace(
+            space,
+            remat=(self.remat,) if self.remat else space.remat,
+            vocab_chunks=(self.vocab_chunks,) if self.vocab_chunks else space.vocab_chunks,
+            mlp_chunks=(self.mlp_chunks,) if self.mlp_chunks else space.mlp_chunks,
+            osdp=space.osdp or self.replicate is not None)
+
+    def items(self) -> dict[str, str]:
+        """{key: value} of the fixed values, as `jaxpar train` spells them."""
+        keys = {"data": "mesh.data", "fsdp": "mesh.fsdp", "tensor": "mesh.tensor", "pipe": "mesh.pipe",
+                "microbatches": "pipeline.microbatches", "grad_accum": "train.grad_accum",
+                "repeats": "pipeline.repeats", "schedule": "pipeline.schedule", "remat": "train.remat",
+                "vocab_chunks": "train.vocab_chunks", "mlp_chunks": "train.mlp_chunks",
+                "replicate": "sharding.replicate"}
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                out[keys[f.name]] = ",".join(v) if isinstance(v, tuple) else str(v)
+        return out
+
+
 TRAIN_SUPPORTED = SearchSpace(remat=("none", "full"), osdp=False, vocab_chunks=(1,), mlp_chunks=(1,))
 
 
@@ -53,6 +115,7 @@ class SearchResult:
     min_memory: float  # smallest predicted per-device memory over every evaluated strategy
     seconds: float
     rejected: list[str] = field(default_factory=list)
+    lightest: Estimate | None = None  # the evaluated strategy with the least memory (for "does not fit" errors)
 
     @property
     def best(self) -> Estimate | None:
@@ -63,12 +126,15 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def meshes(w: Workload, n_devices: int, pipeline: bool = True) -> list[tuple[int, int, int, int]]:
+def meshes(w: Workload, n_devices: int, pipeline: bool = True,
+           fixed: Fixed = Fixed()) -> list[tuple[int, int, int, int]]:
     """(data, fsdp, tensor, pipe) with product n_devices that sharding can realise:
     tensor divides n_head, n_embd, 4·n_embd and vocab; fsdp divides n_embd (the dim it
-    shards); pipe <= n_layer; data·fsdp divides the global batch."""
+    shards); pipe <= n_layer; data·fsdp divides the global batch. Axes fixed in `fixed` keep
+    their value; fixed pipeline settings keep pipe > 1 only."""
     m = w.model
     out = []
+    want = fixed.mesh
     for t in divisors(n_devices):
         if t > 1 and any(x % t for x in (m.n_head, m.n_embd, 4 * m.n_embd, m.vocab_size)):
             continue
@@ -80,6 +146,11 @@ def meshes(w: Workload, n_devices: int, pipeline: bool = True) -> list[tuple[int
                 if f > 1 and m.n_embd % f:
                     continue
                 if w.batch_size % (d * f):
+                    continue
+                if any(want[a] is not None and want[a] != v for a, v in zip(("data", "fsdp", "tensor", "pipe"),
+                                                                           (d, f, t, p))):
+                    continue
+                if fixed.needs_pipeline and p == 1:
                     continue
                 out.append((d, f, t, p))
     return out
@@ -94,17 +165,26 @@ def _lower_bound(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec) 
     return (e.compute_s + e.comm_s["tensor"]) / p
 
 
-def _options(w: Workload, mesh, space: SearchSpace):
+def _options(w: Workload, mesh, space: SearchSpace, fixed: Fixed = Fixed()):
     """Yield (osdp replicated groups, remat, vocab_chunks, mlp_chunks, R, microbatch list)."""
     d, f, _, p = mesh
     b_rep = w.batch_size // (d * f)
     ms = [k for k in divisors(b_rep) if k <= space.max_microbatches]
+    m_fixed = fixed.microbatches if p > 1 else fixed.grad_accum
+    if m_fixed is not None:
+        ms = [m_fixed] if b_rep % m_fixed == 0 else []
     reps = [1]
     if p > 1 and space.repeats:
         # circular: equal chunks, so p·R must divide n_layer; beyond R=4 the bubble gain is small
         # and every extra repeat adds a ppermute round per microbatch.
-        reps += [r for r in (2, 4) if w.model.n_layer % (p * r) == 0]
-    if f > 1 and space.osdp:
+        reps += [r for r in REPEATS if w.model.n_layer % (p * r) == 0]
+    if fixed.repeats is not None:
+        reps = [fixed.repeats] if fixed.repeats == 1 or w.model.n_layer % (p * fixed.repeats) == 0 else []
+    if fixed.schedule is not None:
+        reps = [r for r in reps if (r > 1) == (fixed.schedule == "circular")]
+    if fixed.replicate is not None:
+        groups = [tuple(g for g in GROUPS if g in fixed.replicate)] if f > 1 else [()]
+    elif f > 1 and space.osdp:
         # All-replicated over fsdp is plain data parallelism on d·f, already its own mesh: skip it.
         groups = [tuple(g for g, rep in zip(GROUPS, bits) if rep) for bits in itertools.product((0, 1), repeat=3)
                   if not all(bits)]
@@ -126,13 +206,15 @@ def _dominated(opt: tuple[int, int, int], fitted: list[tuple[int, int, int]]) ->
 
 
 def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
-           space: SearchSpace = SearchSpace(), top_k: int = 8) -> SearchResult:
-    """Fastest fitting strategy per mesh, fastest first (at most top_k meshes kept)."""
+           space: SearchSpace = SearchSpace(), top_k: int = 8, fixed: Fixed = Fixed()) -> SearchResult:
+    """Fastest fitting strategy per mesh, fastest first (at most top_k meshes kept), among the
+    strategies that keep every value in `fixed`."""
     t0 = time.perf_counter()
-    all_meshes = meshes(w, n_devices, space.pipeline)
+    space = fixed.restrict(space)
+    all_meshes = meshes(w, n_devices, space.pipeline or fixed.needs_pipeline or (fixed.pipe or 1) > 1, fixed)
     order = sorted(all_meshes, key=lambda mh: _lower_bound(w, mh, dev))
     best: dict[tuple, Estimate] = {}
-    evaluated, min_mem = 0, float("inf")
+    evaluated, lightest = 0, None
 
     kth = float("inf")  # k-th best step time among per-mesh bests so far
     # Remat and splitting only add time while elementwise traffic is not modelled; with it
@@ -144,7 +226,7 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
         if _lower_bound(w, mesh, dev) > kth:
             break  # every later mesh has an even larger lower bound
         d, f, t, p = mesh
-        for rep, r, ms, opts in _options(w, mesh, space):
+        for rep, r, ms, opts in _options(w, mesh, space, fixed):
             fitted_at: dict[int, list] = {}  # M -> options that fit at that M
             for M in ms:
                 fitted = fitted_at.setdefault(M, [])
@@ -157,7 +239,8 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
                     s = Strategy(d, f, t, p, M, r, space.remat[ri], rep, vc, mc)
                     e = estimate(w, s, dev, memory_limit)
                     evaluated += 1
-                    min_mem = min(min_mem, e.memory["total"])
+                    if lightest is None or e.memory["total"] < lightest.memory["total"]:
+                        lightest = e
                     if monotone and n_opt == 0 and e.step_time_s > kth:
                         break  # opts[0] (no remat, no splitting) is the fastest option at this M
                     if e.fits:
@@ -172,4 +255,49 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
                 if p == 1:
                     break  # larger M is slower still (see module docstring)
     ranked = sorted(best.values(), key=lambda e: (e.step_time_s, e.memory["total"]))[:top_k]
-    return SearchResult(ranked, evaluated, len(all_meshes), min_mem, time.perf_counter() - t0)
+    return SearchResult(ranked, evaluated, len(all_meshes), lightest.memory["total"] if lightest else float("inf"),
+                        time.perf_counter() - t0, lightest=lightest)
+
+
+def check_fixed(w: Workload, n_devices: int, fixed: Fixed) -> str | None:
+    """Why no mesh keeps the fixed values: one line naming them, or None when some mesh may."""
+    m = w.model
+    given = {a: v for a, v in fixed.mesh.items() if v is not None}
+    shown = " ".join(f"mesh.{a}={v}" for a, v in given.items())
+    prod = 1
+    for v in given.values():
+        prod *= v
+    if len(given) == 4 and prod != n_devices:
+        return f"{shown} needs {prod} devices, but devices={n_devices}"
+    if n_devices % prod:
+        return f"{shown} ({prod} devices) does not divide devices={n_devices}"
+    t, f, p, d = fixed.tensor, fixed.fsdp, fixed.pipe, fixed.data
+    if t is not None and t > 1:
+        for name, dim in (("model.n_head", m.n_head), ("model.n_embd", m.n_embd), ("model.vocab_size", m.vocab_size)):
+            if dim % t:
+                return f"mesh.tensor={t} does not divide {name}={dim} (tensor parallelism splits it)"
+    if f is not None and f > 1 and m.n_embd % f:
+        return f"mesh.fsdp={f} does not divide model.n_embd={m.n_embd} (ZeRO-3 shards the embed dim)"
+    if p is not None and p > m.n_layer:
+        return f"mesh.pipe={p} exceeds model.n_layer={m.n_layer} (every stage needs a layer)"
+    if p == 1 and fixed.needs_pipeline:
+        keys = {k: v for k, v in fixed.items().items() if k.startswith("pipeline.") and not v == "gpipe"}
+        return f"{' '.join(f'{k}={v}' for k, v in keys.items())} needs a pipeline, but mesh.pipe=1"
+    if fixed.schedule is not None and fixed.repeats is not None and (fixed.repeats > 1) != (fixed.schedule == "circular"):
+        return (f"pipeline.schedule={fixed.schedule} with pipeline.repeats={fixed.repeats}: gpipe runs one repeat, "
+                f"circular more than one")
+    if p is not None and fixed.repeats is not None and m.n_layer % (p * fixed.repeats):
+        return (f"mesh.pipe={p} × pipeline.repeats={fixed.repeats} = {p * fixed.repeats} virtual stages do not "
+                f"divide model.n_layer={m.n_layer}")
+    if t is not None and fixed.mlp_chunks and (4 * m.n_embd) % (fixed.mlp_chunks * t):
+        return (f"train.mlp_chunks={fixed.mlp_chunks} × mesh.tensor={t} does not divide 4*model.n_embd="
+                f"{4 * m.n_embd} (each chunk is split over tensor)")
+    if d is not None and f is not None:
+        if w.batch_size % (d * f):
+            return f"train.batch_size={w.batch_size} is not divisible by mesh.data×mesh.fsdp={d}×{f}"
+        mb = fixed.microbatches if (p or 1) > 1 else fixed.grad_accum
+        key = "pipeline.microbatches" if (p or 1) > 1 else "train.grad_accum"
+        if mb is not None and (w.batch_size // (d * f)) % mb:
+            return (f"{key}={mb} does not divide the {w.batch_size // (d * f)} sequences per data replica "
+                    f"(train.batch_size={w.batch_size} / mesh.data×mesh.fsdp={d * f})")
+    return None
