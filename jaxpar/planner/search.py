@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from jaxpar.planner.cost import GROUPS, REMAT, Estimate, Strategy, Workload, estimate
 from jaxpar.planner.devices import DeviceSpec
 
-
 # circular repeats the search tries (R = 1 is gpipe). R = 3 matters where L/p is odd, e.g.
 # Megatron's 530B row: 105 layers on 35 stages runs 3 one-layer chunks per device.
 REPEATS = (2, 3, 4)
@@ -80,7 +79,7 @@ class Fixed:
     def needs_pipeline(self) -> bool:
         return self.microbatches is not None or self.repeats is not None or self.schedule == "circular"
 
-    def restrict(self, space: "SearchSpace") -> "SearchSpace":
+    def restrict(self, space: SearchSpace) -> SearchSpace:
         """The search space with the fixed remat / splitting values as its only choices."""
         return dataclasses.replace(
             space,
