@@ -1,5 +1,6 @@
 """`jaxpar plan` CLI, plan.json round trip, and plan -> train overrides."""
 
+import dataclasses
 import json
 
 import pytest
@@ -153,3 +154,94 @@ def test_apply_plan_for_train(tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as e:
         apply_plan(replace(cfg, plan=path))
     assert str(e.value).startswith("plan was made for devices=8, but 4 devices are available")
+
+
+# --- fixed keys (the ones `jaxpar train` takes) and what-if evaluation --------------------------
+
+BASE = ["model=gpt2", "model.vocab_size=50304", "devices=8", "train.batch_size=16", "train.seq_len=256"]
+GPT2_V = dataclasses.replace(PRESETS["gpt2"], vocab_size=50304)  # splits over tensor, unlike 50257
+
+
+def test_fixed_keys_narrow_the_search(tmp_path, capsys):
+    rc = main(BASE + ["mesh.tensor=2", "train.remat=full", "train.vocab_chunks=1", "mesh.data=-1",
+                      f"out={tmp_path}/p.json", "--json", "top=4"])
+    assert rc == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["fixed"] == {"mesh.tensor": "2", "train.remat": "full", "train.vocab_chunks": "1"}
+    rows = [obj] + obj["candidates"]
+    assert len(rows) >= 2
+    for r in rows:
+        assert r["mesh"]["tensor"] == 2 and r["vocab_chunks"] == 1
+        assert r["remat"] == "full" or r["mesh"]["pipe"] > 1  # a pipeline remats its stages itself
+    # pipeline settings keep pipeline meshes only
+    assert main(BASE + ["pipeline.microbatches=4", f"out={tmp_path}/q.json", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert all(r["mesh"]["pipe"] > 1 and r["microbatches"] == 4 for r in [obj] + obj["candidates"])
+
+
+def test_everything_fixed_is_a_what_if_with_breakdown(tmp_path, capsys):
+    from jaxpar.planner.cost import Strategy, estimate
+    from jaxpar.planner.devices import get_device
+
+    fixed = ["mesh.data=2", "mesh.fsdp=1", "mesh.tensor=2", "mesh.pipe=2", "pipeline.microbatches=4",
+             "pipeline.schedule=circular", "pipeline.repeats=2", "train.remat=none", "train.vocab_chunks=1",
+             "train.mlp_chunks=1", "sharding.replicate="]
+    assert main(BASE + fixed + [f"out={tmp_path}/p.json", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    w = Workload(GPT2_V, 16, 256)
+    e = estimate(w, Strategy(2, 1, 2, 2, 4, 2, "none"), get_device("h100"))
+    assert obj["search"]["evaluated"] == 1 and obj["candidates"] == []
+    assert obj["step_time_s"] == e.step_time_s and obj["memory_per_device_bytes"] == int(e.memory["total"])
+    assert obj["collectives"]["tensor all-reduce"]["bytes"] == int(e.collectives["tensor all-reduce"][1])
+    assert obj["bubble"] == pytest.approx(1 / (2 * 4 + 1))  # (S-1)/(R·M+S-1)
+    # the human form prints the same figures, one line per collective
+    assert main(BASE + fixed + [f"out={tmp_path}/p.json"]) == 0
+    text = capsys.readouterr().out
+    assert f"  compute  {e.compute_s:.4g} s (pipeline bubble 11.1% of it)" in text
+    t, b = e.collectives["pipe ppermute"]
+    assert f"  pipe ppermute            {t:.4g} s, {b / 2**30:.2f} GiB sent" in text
+    assert f"MFU {100 * e.mfu:.1f}%" in text and "searched 1 strategies over 1 meshes" in text
+
+
+def test_fixed_config_over_memory_names_the_resource(tmp_path, capsys):
+    from jaxpar.planner.cost import Strategy, estimate
+    from jaxpar.planner.devices import get_device
+
+    fixed = ["mesh.data=8", "mesh.fsdp=1", "mesh.tensor=1", "mesh.pipe=1", "train.grad_accum=1",
+             "train.remat=none", "train.vocab_chunks=1", "train.mlp_chunks=1"]
+    rc = main(BASE + fixed + ["memory_limit=1GB", f"out={tmp_path}/p.json"])
+    assert rc == 2 and not (tmp_path / "p.json").exists()
+    e = estimate(Workload(GPT2_V, 16, 256), Strategy(8), get_device("h100"))
+    mem = e.memory
+    parts = sorted(((k, v) for k, v in mem.items() if k != "total"), key=lambda kv: -kv[1])
+    want = ("error: no plan fits memory_limit=0.93 GiB on 8 × h100: mesh.data=8 mesh.fsdp=1 mesh.tensor=1 "
+            "mesh.pipe=1 train.grad_accum=1 train.remat=none train.vocab_chunks=1 train.mlp_chunks=1 needs "
+            f"{mem['total'] / 2**30:.2f} GiB ({int(mem['total'])} bytes) per device: "
+            + ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in parts) + "\n")
+    assert capsys.readouterr().err == want
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["mesh.tensor=3"], "error: mesh.tensor=3 (3 devices) does not divide devices=8"),
+    (["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=1", "mesh.pipe=1"],
+     "error: mesh.data=2 mesh.fsdp=2 mesh.tensor=1 mesh.pipe=1 needs 4 devices, but devices=8"),
+    (["mesh.tensor=8"], "error: mesh.tensor=8 does not divide model.n_head=12 (tensor parallelism splits it)"),
+    (["mesh.pipe=1", "pipeline.microbatches=4"], "error: pipeline.microbatches=4 needs a pipeline, but mesh.pipe=1"),
+    (["mesh.pipe=8", "pipeline.repeats=4"],
+     "error: mesh.pipe=8 × pipeline.repeats=4 = 32 virtual stages do not divide model.n_layer=12"),
+    (["pipeline.schedule=gpipe", "pipeline.repeats=2"],
+     "error: pipeline.schedule=gpipe with pipeline.repeats=2: gpipe runs one repeat, circular more than one"),
+    (["mesh.data=2", "mesh.fsdp=2", "pipeline.microbatches=3"],
+     "error: pipeline.microbatches=3 does not divide the 4 sequences per data replica "
+     "(train.batch_size=16 / mesh.data×mesh.fsdp=4)"),
+    (["mesh.data=8", "train.batch_size=12"],
+     "error: devices=8 has no mesh with mesh.data=8 that divides train.batch_size=12 and the model's dims "
+     "(model.n_embd=768, model.n_head=12, model.n_layer=12)"),
+    (["train.remat=sometimes"], "error: train.remat='sometimes' must be one of none, selective, full (or true/false)"),
+    (["sharding.replicate=head"], "error: sharding.replicate=head names unknown groups (head); choose from "
+                                  "embed, attn, mlp"),
+])
+def test_fixed_keys_errors_one_line(argv, msg, capsys, tmp_path):
+    assert main(BASE + argv + [f"out={tmp_path}/p.json"]) == 2
+    assert capsys.readouterr().err == msg + "\n"
+    assert not (tmp_path / "p.json").exists()

@@ -187,8 +187,8 @@ def test_elementwise_traffic_term_and_shared_host():
     # remat=full stacks only the block inputs: less traffic, more compute
     full = estimate(w, Strategy(data=8, remat="full"), dev)
     assert full.traffic_s < e.traffic_s and full.compute_s > e.compute_s
-    # GPU rows leave the term out (mem_bandwidth 0) and do not share a host
-    assert estimate(w, Strategy(data=8), H100).traffic_s == 0.0
+    # GPU rows leave the stacking term out (mem_bandwidth 0; their own HBM term is tested below)
+    assert estimate(w, Strategy(data=8), get_device("h100", {"hbm_bandwidth": "0"})).traffic_s == 0.0
     solo = estimate(w, Strategy(data=8), get_device("cpu", {"shared_host": "false"}))
     assert solo.compute_s * 8 == pytest.approx(estimate(w, Strategy(data=8), get_device("cpu")).compute_s, rel=1e-12)
     # boolean and zero-allowed overrides parse; a negative bandwidth does not
@@ -196,3 +196,46 @@ def test_elementwise_traffic_term_and_shared_host():
     with pytest.raises(ConfigError) as err:
         get_device("cpu", {"mem_bandwidth": "-1"})
     assert str(err.value) == "device.mem_bandwidth='-1' must be >= 0 (0: not modelled)"
+
+
+def test_gpu_elementwise_traffic_passes():
+    """GPU rows: layers_run · passes · live bytes + the head's fp32 logits, at hbm_bandwidth;
+    passes = 5 (write + read in forward, read + gradient write + read in backward) + 2 per
+    forward recompute."""
+    m = ModelConfig(n_layer=4, n_embd=256, n_head=8, vocab_size=2048, n_positions=256)
+    w = Workload(m, 16, 128)
+    dev = get_device("h100", {"hbm_bandwidth": "1e12"})
+    _, live = layer_activation_bytes(w, 2, 1, "none", 1)  # b = 16 / 8 rows per device
+    head = 2 * 128 * 2 * 2048 * 4  # (T, b, V) fp32 logits and their gradient
+    none = estimate(w, Strategy(data=8), dev)
+    assert none.traffic_s == pytest.approx((4 * 5 * live + 5 * head) / 1e12, rel=1e-12)
+    full = estimate(w, Strategy(data=8, remat="full"), dev)
+    assert full.traffic_s == pytest.approx((4 * 7 * live + 5 * head) / 1e12, rel=1e-12)
+    # on the critical path: the step grows by exactly the traffic time
+    off = estimate(w, Strategy(data=8), get_device("h100", {"hbm_bandwidth": "0"}))
+    assert none.step_time_s - off.step_time_s == pytest.approx(none.traffic_s, rel=1e-9)
+    # a pipeline re-runs each stage: 7 passes over every layer run (iterations × layers per stage)
+    pipe = estimate(w, Strategy(data=2, pipe=4, microbatches=4), dev)
+    _, live8 = layer_activation_bytes(w, 2, 1, "none", 1)  # b = 16 / 2 / 4
+    iters = 4 + 4 - 1
+    assert pipe.traffic_s == pytest.approx((iters * 1 * 7 * live8 + 4 * 5 * head / 4) / 1e12, rel=1e-12)
+
+
+def test_placement_order_decides_intra_or_inter_node():
+    """jaxpar builds (data, fsdp, tensor, pipe) with pipe innermost: a tensor axis of 8 inside a
+    pipe axis of 8 spans 64 devices and runs at the inter-node bandwidth; Megatron's layout
+    (tensor innermost) keeps it in one node and puts pipe across nodes."""
+    from jaxpar.planner.cost import JAXPAR_ORDER, MEGATRON_ORDER
+
+    assert Strategy().order == JAXPAR_ORDER
+    jx = axis_bandwidths(H100, Strategy(data=4, tensor=8, pipe=8))
+    assert (jx["tensor"], jx["pipe"]) == (H100.inter_bandwidth, H100.bandwidth)
+    mg = axis_bandwidths(H100, Strategy(data=4, tensor=8, pipe=8, order=MEGATRON_ORDER))
+    assert (mg["tensor"], mg["pipe"], mg["data"]) == (H100.bandwidth, H100.inter_bandwidth, H100.inter_bandwidth)
+    # the tensor all-reduces of that mesh take bandwidth-ratio times longer in jaxpar's placement
+    w = Workload(ModelConfig(n_layer=16, n_embd=4096, n_head=32, vocab_size=32768, n_positions=1024), 64, 1024)
+    a = estimate(w, Strategy(data=4, tensor=8, pipe=8, microbatches=16), H100)
+    b = estimate(w, Strategy(data=4, tensor=8, pipe=8, microbatches=16, order=MEGATRON_ORDER), H100)
+    ratio = H100.bandwidth / H100.inter_bandwidth
+    lat = a.collectives["tensor all-reduce"][0] - a.collectives["tensor all-reduce"][1] / H100.inter_bandwidth
+    assert (a.comm_s["tensor"] - lat) == pytest.approx(ratio * (b.comm_s["tensor"] - lat), rel=1e-9)

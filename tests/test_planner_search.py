@@ -104,3 +104,25 @@ def test_restricted_space_uses_only_train_features():
         s = e.strategy
         assert s.remat in ("none", "full") and s.vocab_chunks == 1 and s.mlp_chunks == 1 and s.replicated == ()
     assert set(TRAIN_SUPPORTED.remat) < set(REMAT)
+
+
+def test_memory_floor_never_exceeds_an_estimate():
+    """The floors that let the search skip meshes (and pipeline option groups) are lower bounds
+    of every strategy they stand for; with them the search returns what it returns without."""
+    from jaxpar.planner.search import _memory_floor
+
+    w = Workload(POW2, 32, 256)
+    for d, f, t, p in meshes(w, 16):
+        floor = _memory_floor(w, (d, f, t, p), H100)
+        reps = [1] + ([r for r in REPEATS if POW2.n_layer % (p * r) == 0] if p > 1 else [])
+        groups = [tuple(g for g, x in zip(GROUPS, bits) if x) for bits in itertools.product((0, 1), repeat=3)]
+        for rep, r, M, remat, mc in itertools.product(groups if f > 1 else [()], reps, divisors(32 // (d * f)),
+                                                      REMAT, (1, 4)):
+            mem = estimate(w, Strategy(d, f, t, p, M, r, remat, rep, 1, mc), H100).memory["total"]
+            assert floor <= mem and _memory_floor(w, (d, f, t, p), H100, rep, r) <= mem
+    big = ModelConfig(n_layer=16, n_embd=2048, n_head=16, vocab_size=8192, n_positions=1024)
+    wb = Workload(big, 64, 1024)
+    for limit in (6 * 2**30, 12 * 2**30):
+        a = search(wb, 64, H100, limit, top_k=3)
+        b = search(wb, 64, H100, limit, top_k=3, floor_pruning=False)
+        assert a.best is not None and a.best.step_time_s == b.best.step_time_s and a.evaluated < b.evaluated

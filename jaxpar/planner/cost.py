@@ -227,8 +227,15 @@ def _pipeline_split(n_layer: int, V: int) -> tuple[int, ...]:
     return partition_layers([1.0] * n_layer, V)
 
 
-def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | None = None) -> Estimate:
-    """Predict memory, step time and MFU of strategy `s` (see the module docstring)."""
+@functools.lru_cache(maxsize=256)
+def _model_flops_per_token(m: ModelConfig, T: int) -> float:
+    return m.flops_per_token(T)
+
+
+def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | None = None,
+             detail: bool = True) -> Estimate:
+    """Predict memory, step time and MFU of strategy `s` (see the module docstring).
+    detail=False skips the per-collective table (`Estimate.collectives`): the search's hot path."""
     m = w.model
     L, D, V, T = m.n_layer, m.n_embd, m.vocab_size, w.seq_len
     # XLA:CPU has no bf16 matmuls: it upcasts, so activations and their collectives are fp32.
@@ -308,7 +315,9 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         tmp += 12 * R * lmax * sum(full[g] for g in ("attn", "mlp") if sharded[g])
     if S > 1 and R > 1:
         tmp += 4 * (L / S) * full_layer  # circular re-layout moves a copy of the stage's block params
-    if s.mlp_chunks > 1:
+    if s.mlp_chunks > 1 and S == 1:
+        # only one chunk of the MLP hidden activations is live at once; a pipeline's stage re-run
+        # is in `acts`, whose `saved` already drops the MLP units, so there is nothing to take off
         tmp -= T * b * D * cb * MLP_UNITS / t * (1 - 1 / s.mlp_chunks)
     mem["activations"] = acts
     mem["temporaries"] = tmp
@@ -318,13 +327,13 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     cbytes = {"all-reduce": 0.0, "all-gather": 0.0, "reduce-scatter": 0.0, "ppermute": 0.0}
     comm = {"tensor": 0.0, "fsdp": 0.0, "data": 0.0, "pipe": 0.0}
 
-    detail: dict[str, list[float]] = {}
+    table: dict[str, list[float]] = {}
 
     def add(kind: str, axis: str, res: tuple[float, float], times: float = 1.0) -> None:
         comm[axis] += res[0] * times
         cbytes[kind] += res[1] * times
-        if res[1] > 0:
-            cell = detail.setdefault(f"{axis} {kind}", [0.0, 0.0])
+        if detail and res[1] > 0:
+            cell = table.setdefault(f"{axis} {kind}", [0.0, 0.0])
             cell[0] += res[0] * times
             cell[1] += res[1] * times
 
@@ -433,11 +442,28 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         if s.mlp_chunks > 1:
             traffic += layers_run * ((4 + STACK_PASSES) * 4 * el["mlp"] + MLP_UNITS * T * b * D * cb / t)
     traffic_s = traffic * share / dev.mem_bandwidth if traffic else 0.0
+    if dev.hbm_bandwidth > 0:
+        # GPUs: memory-bound kernels (LayerNorm, GELU, softmax, casts, residual adds) stream the
+        # activations through HBM. Counting argument: every byte a layer produces (`live`, the same
+        # residual count as the memory model) is written and read once in forward, read once in
+        # backward where its gradient is written and read: 5 passes; each forward recompute
+        # (remat=full, a pipeline's stage re-run) adds 2, selective adds 2 over the attention core,
+        # mlp_chunks 2 over the MLP. The head's fp32 logits / log-probs / grads: 5 passes (+2 for
+        # vocab_chunks' recompute).
+        _, live_none = layer_activation_bytes(w, b, t, "none", 1, cb)
+        passes = 5 + 2 * extra_fwd
+        layer_bytes = passes * live_none
+        if remat == "selective":
+            layer_bytes += 2 * (live_none - layer_activation_bytes(w, b, t, "selective", 1, cb)[0])
+        if s.mlp_chunks > 1:
+            layer_bytes += 2 * T * b * D * cb * MLP_UNITS / t
+        head_bytes = (5 + 2 * (vc > 1)) * 2 * T * b * V * 4 / t * head_rows_share
+        traffic_s += (layers_run * layer_bytes + M * head_bytes) / dev.hbm_bandwidth
 
     hidden = dev.overlap
     step = compute + traffic_s + comm["tensor"] + comm["pipe"] + (1 - hidden) * (comm["fsdp"] + comm["data"])
-    model_flops = m.flops_per_token(T) * w.batch_size * T
+    model_flops = _model_flops_per_token(m, T) * w.batch_size * T
     mfu = model_flops / (step * s.n_devices * peak)
     fits = memory_limit is None or mem["total"] <= memory_limit
     return Estimate(s, mem, step, compute, comm, cbytes, bubble, mfu, w.batch_size * T / step, tuple(lps), fits,
-                    traffic_s=traffic_s, collectives=detail)
+                    traffic_s=traffic_s, collectives=table)

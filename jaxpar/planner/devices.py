@@ -4,8 +4,18 @@ Figures are vendor datasheet numbers (dense, no sparsity). Bandwidths are per de
 per direction, which is what the ring formulas in `cost.py` expect: NVLink 3 (A100) is
 600 GB/s bidirectional -> 300 GB/s; NVLink 4 (H100/H200) 900 -> 450 GB/s. Between nodes
 (`node_size` devices per node) traffic goes over InfiniBand: one 400 Gb/s NDR (200 Gb/s HDR
-for A100) NIC per GPU -> 50 (25) GB/s. The `cpu` row describes emulated host devices
+for A100) NIC per GPU -> 50 (25) GB/s; 25 GB/s per GPU is also Megatron-LM's Selene cluster
+(8 × 200 Gb/s HDR per 8-GPU node). The `cpu` row describes emulated host devices
 (`--xla_force_host_platform_device_count`): all on one node, "bandwidth" is memcpy speed.
+
+GPU `efficiency` is the measured Maximum Achievable Matmul FLOPS (MAMF, bf16, best shape) over
+the dense peak, from stas00/ml-engineering compute/accelerator/README.md ("Maximum Achievable
+Matmul FLOPS comparison table", CUDA 12.1): A100 SXM 267.9 / 312 = 0.859, H100 SXM 792.1 / 989
+= 0.801 (H200: the same GH100 die, H100's figure). It was 0.55 before 2026-11-23, which is below
+what Megatron-LM measured end to end on A100 (52-57% of peak with everything else included:
+benchmarks/results/published_configs.md). `hbm_bandwidth` is the datasheet HBM bandwidth, used by
+the elementwise-traffic term of GPUs (cost.py): A100 40GB 1.555 TB/s, A100 80GB SXM 2.039 TB/s,
+H100 SXM 3.35 TB/s, H200 4.8 TB/s.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ class DeviceSpec:
     native_bf16: bool = True  # False: bf16 matmuls run upcast to fp32 (XLA:CPU), fp32 activations
     mem_bandwidth: float = 0.0  # elementwise traffic, bytes/s; 0: not modelled (fused away, see README)
     shared_host: bool = False  # True: emulated devices share one host; peak and mem_bandwidth are the host's
+    hbm_bandwidth: float = 0.0  # accelerator memory bytes/s for memory-bound (elementwise) kernels; 0: not modelled
 
 
 DEVICES: dict[str, DeviceSpec] = {
@@ -46,13 +57,17 @@ DEVICES: dict[str, DeviceSpec] = {
     "cpu": DeviceSpec("cpu", 2.7e11, 2.7e11, 16 * GiB, 1.1e9, 1.1e9, 2e-5, node_size=1 << 30, efficiency=0.5,
                       knee_rows=128.0, knee_cols=32.0, reduce_scatter=False, native_bf16=False, mem_bandwidth=6.2e9,
                       shared_host=True),
-    "a100-40g": DeviceSpec("a100-40g", 312e12, 19.5e12, 40 * GiB, 300e9, 25e9, 5e-6, overlap=0.5),
-    "a100-80g": DeviceSpec("a100-80g", 312e12, 19.5e12, 80 * GiB, 300e9, 25e9, 5e-6, overlap=0.5),
-    "h100": DeviceSpec("h100", 989e12, 67e12, 80 * GiB, 450e9, 50e9, 3e-6, overlap=0.5),
-    "h200": DeviceSpec("h200", 989e12, 67e12, 141e9, 450e9, 50e9, 3e-6, overlap=0.5),
+    "a100-40g": DeviceSpec("a100-40g", 312e12, 19.5e12, 40 * GiB, 300e9, 25e9, 5e-6, efficiency=0.859, overlap=0.5,
+                           hbm_bandwidth=1.555e12),
+    "a100-80g": DeviceSpec("a100-80g", 312e12, 19.5e12, 80 * GiB, 300e9, 25e9, 5e-6, efficiency=0.859, overlap=0.5,
+                           hbm_bandwidth=2.039e12),
+    "h100": DeviceSpec("h100", 989e12, 67e12, 80 * GiB, 450e9, 50e9, 3e-6, efficiency=0.801, overlap=0.5,
+                       hbm_bandwidth=3.35e12),
+    "h200": DeviceSpec("h200", 989e12, 67e12, 141e9, 450e9, 50e9, 3e-6, efficiency=0.801, overlap=0.5,
+                       hbm_bandwidth=4.8e12),
 }
 
-_ZERO_OK = ("mem_bandwidth", "knee_rows", "knee_cols")  # fields where 0 switches a term off
+_ZERO_OK = ("mem_bandwidth", "knee_rows", "knee_cols", "hbm_bandwidth")  # fields where 0 switches a term off
 
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
           "kib": 1024, "mib": 1024**2, "gib": GiB, "tib": 1024**4}

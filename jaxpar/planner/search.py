@@ -32,7 +32,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from jaxpar.planner.cost import GROUPS, REMAT, Estimate, Strategy, Workload, estimate
+from jaxpar.planner.cost import GROUPS, REMAT, STATE_BYTES, Estimate, Strategy, Workload, estimate, group_elems
 from jaxpar.planner.devices import DeviceSpec
 
 # circular repeats the search tries (R = 1 is gpipe). R = 3 matters where L/p is odd, e.g.
@@ -158,10 +158,33 @@ def meshes(w: Workload, n_devices: int, pipeline: bool = True,
 def _lower_bound(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec) -> float:
     """Compute-only step time with M=1, no remat and a perfect pipeline: never above the real estimate."""
     d, f, t, p = mesh
-    e = estimate(w, Strategy(d, f, t, 1), dev)
+    e = estimate(w, Strategy(d, f, t, 1), dev, detail=False)
     # Same replica batch without the pipeline, M=1 (largest, most efficient matmuls), no remat:
-    # its compute and tensor all-reduces spread perfectly over p stages bound any real plan.
-    return (e.compute_s + e.comm_s["tensor"]) / p
+    # its compute and tensor all-reduces spread perfectly over p stages bound any real plan. So
+    # does a GPU's HBM traffic (linear in rows, fewest passes without remat), but not the cpu
+    # row's residual-stacking traffic, which remat=full shrinks.
+    traffic = e.traffic_s if dev.mem_bandwidth == 0 else 0.0
+    return (e.compute_s + e.comm_s["tensor"] + traffic) / p
+
+
+def _memory_floor(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec,
+                  replicated: tuple[str, ...] = (), repeats: int = 0) -> float:
+    """Bytes every strategy of this mesh (with these replicated groups and circular repeats; by
+    default the most frugal: all groups sharded, no fsdp stage copies) needs at least: fp32
+    params, grads and Adam state with the layers split evenly over pipe; with a pipeline also the
+    embedded inputs and outputs of the replica's whole batch (2·T·b_rep·D·cb, whatever M is) and,
+    with fsdp, the three fp32 copies of the gathered stage (cost.estimate's temporaries)."""
+    d, f, t, p = mesh
+    sharded = {g: f > 1 and g not in replicated for g in GROUPS}
+    el = group_elems(w.model, t, f, sharded)
+    floor = STATE_BYTES * (el["embed"] + w.model.n_layer / p * (el["attn"] + el["mlp"]))
+    if p > 1:
+        cb = w.cb if dev.native_bf16 else 4
+        floor += 2 * w.seq_len * (w.batch_size / (d * f)) * w.model.n_embd * cb
+        if repeats and f > 1:
+            full = group_elems(w.model, t, 1, {g: False for g in GROUPS})
+            floor += 12 * w.model.n_layer / p * sum(full[g] for g in ("attn", "mlp") if sharded[g])
+    return floor
 
 
 def _options(w: Workload, mesh, space: SearchSpace, fixed: Fixed = Fixed()):
@@ -205,9 +228,12 @@ def _dominated(opt: tuple[int, int, int], fitted: list[tuple[int, int, int]]) ->
 
 
 def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
-           space: SearchSpace = SearchSpace(), top_k: int = 8, fixed: Fixed = Fixed()) -> SearchResult:
+           space: SearchSpace = SearchSpace(), top_k: int = 8, fixed: Fixed = Fixed(),
+           floor_pruning: bool = True) -> SearchResult:
     """Fastest fitting strategy per mesh, fastest first (at most top_k meshes kept), among the
-    strategies that keep every value in `fixed`."""
+    strategies that keep every value in `fixed`. Meshes whose memory floor exceeds the limit are
+    skipped; when nothing fits the search reruns without that pruning, so the smallest memory it
+    reports is the exact minimum over every strategy."""
     t0 = time.perf_counter()
     space = fixed.restrict(space)
     all_meshes = meshes(w, n_devices, space.pipeline or fixed.needs_pipeline or (fixed.pipe or 1) > 1, fixed)
@@ -221,11 +247,18 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
     # is estimated.
     monotone = dev.mem_bandwidth == 0
 
+    floored = 0
     for mesh in order:
         if _lower_bound(w, mesh, dev) > kth:
             break  # every later mesh has an even larger lower bound
+        if floor_pruning and _memory_floor(w, mesh, dev) > memory_limit:
+            floored += 1
+            continue  # nothing on this mesh can fit
         d, f, t, p = mesh
         for rep, r, ms, opts in _options(w, mesh, space, fixed):
+            if floor_pruning and p > 1 and _memory_floor(w, mesh, dev, rep, r) > memory_limit:
+                floored += 1
+                continue
             fitted_at: dict[int, list] = {}  # M -> options that fit at that M
             for M in ms:
                 fitted = fitted_at.setdefault(M, [])
@@ -236,7 +269,7 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
                         continue
                     ri, vc, mc = opt
                     s = Strategy(d, f, t, p, M, r, space.remat[ri], rep, vc, mc)
-                    e = estimate(w, s, dev, memory_limit)
+                    e = estimate(w, s, dev, memory_limit, detail=False)
                     evaluated += 1
                     if lightest is None or e.memory["total"] < lightest.memory["total"]:
                         lightest = e
@@ -253,7 +286,10 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
                     continue
                 if p == 1:
                     break  # larger M is slower still (see module docstring)
+    if not best and floored:
+        return search(w, n_devices, dev, memory_limit, space, top_k, fixed, floor_pruning=False)
     ranked = sorted(best.values(), key=lambda e: (e.step_time_s, e.memory["total"]))[:top_k]
+    ranked = [estimate(w, e.strategy, dev, memory_limit) for e in ranked]  # with the per-collective table
     return SearchResult(ranked, evaluated, len(all_meshes), lightest.memory["total"] if lightest else float("inf"),
                         time.perf_counter() - t0, lightest=lightest)
 
@@ -294,8 +330,9 @@ def check_fixed(w: Workload, n_devices: int, fixed: Fixed) -> str | None:
     if d is not None and f is not None:
         if w.batch_size % (d * f):
             return f"train.batch_size={w.batch_size} is not divisible by mesh.data×mesh.fsdp={d}×{f}"
-        mb = fixed.microbatches if (p or 1) > 1 else fixed.grad_accum
-        key = "pipeline.microbatches" if (p or 1) > 1 else "train.grad_accum"
+        piped = (p or 1) > 1 or fixed.needs_pipeline
+        mb = fixed.microbatches if piped else fixed.grad_accum
+        key = "pipeline.microbatches" if piped else "train.grad_accum"
         if mb is not None and (w.batch_size // (d * f)) % mb:
             return (f"{key}={mb} does not divide the {w.batch_size // (d * f)} sequences per data replica "
                     f"(train.batch_size={w.batch_size} / mesh.data×mesh.fsdp={d * f})")

@@ -1,0 +1,249 @@
+"""Planner held to published results: Megatron-LM's GPT scaling table on A100-80GB (Selene).
+
+Source (every row below, no others): Narayanan et al. 2021, "Efficient Large-Scale Language
+Model Training on GPU Clusters Using Megatron-LM" (arXiv 2104.04473), Table 1, as published in
+NVIDIA/Megatron-LM's README (commit 50a4b5fa02, 2021-04-08, images/cases_april2021.png): hidden
+size, layers, model-parallel size, GPUs, batch, achieved TFLOP/s per GPU; vocab 51,200, seq 2048,
+A100 GPUs (80 GB, 8 per node, README of 2022-05-19, commit 2e90a342f5). The README figure gives the
+model-parallel size t·p; the split (t = 8 inside a node, p = t·p / 8) and the head counts are
+the paper's Table 1 (the issue quotes t=1 p=1, t=8 p=2 and t=8 p=8 for three rows). Microbatch
+counts are not published: the model's fastest M (and circular R) for the published mesh is used.
+
+Published FLOPs are Megatron's count with full activation recomputation (paper eq. 3, §5.1):
+    F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))   per iteration,
+so the published figure in model FLOPs (what the planner's MFU counts, jaxpar's
+`ModelConfig.flops_per_token`: 6N + 12·L·H·Q·T) is TFLOP/s × model/Megatron FLOPs / 312 TFLOP/s.
+
+Each row is evaluated twice: (a) the published configuration (its mesh, full recompute, no
+op splitting, no FSDP) under the planner's cost model, with jaxpar's device placement (pipe
+innermost: what `jaxpar train` would build) and with the published placement (Megatron puts
+tensor groups on consecutive ranks, i.e. inside a node); (b) the planner's own pick on the same
+devices, batch and memory, and whether the model predicts it no slower than (a). Also timed:
+planning 3072 devices (the 1T row), target < 10 s.
+
+    python benchmarks/published_configs.py [--out benchmarks/results/published_configs.json]
+
+Writes the JSON and a markdown table next to it (same name, .md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+SRC_TABLE = ("Narayanan et al. 2021 (arXiv 2104.04473) Table 1, as in NVIDIA/Megatron-LM README "
+             "(commit 50a4b5fa02, images/cases_april2021.png)")
+SRC_FLOPS = "Narayanan et al. 2021, eq. 3 (section 5.1): F = 96 B s l h^2 (1 + s/6h + V/16lh)"
+SRC_PLACEMENT = "megatron/core/parallel_state.py (tensor groups = consecutive ranks, pipeline groups strided by n/p)"
+SEQ, VOCAB, PEAK = 2048, 51200, 312e12  # A100 dense bf16 peak
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    heads: int
+    hidden: int
+    layers: int
+    tensor: int
+    pipe: int
+    gpus: int
+    batch: int
+    tflops: float  # achieved TFLOP/s per GPU (Megatron's FLOP count)
+
+    @property
+    def data(self) -> int:
+        return self.gpus // (self.tensor * self.pipe)
+
+
+ROWS = [
+    Row("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137),
+    Row("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
+    Row("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142),
+    Row("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135),
+    Row("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138),
+    Row("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    Row("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148),
+    Row("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    Row("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163),
+    Row("1008.0B", 160, 25600, 128, 8, 64, 3072, 3072, 163),
+]
+
+
+def megatron_flops_per_token(r: Row) -> float:
+    L, h = r.layers, r.hidden
+    return 96 * L * h * h * (1 + SEQ / (6 * h) + VOCAB / (16 * L * h))
+
+
+def workload(r: Row):
+    from jaxpar.config import ModelConfig
+    from jaxpar.planner.cost import Workload
+
+    m = ModelConfig(n_layer=r.layers, n_embd=r.hidden, n_head=r.heads, vocab_size=VOCAB, n_positions=SEQ)
+    return Workload(m, r.batch, SEQ, "bf16")
+
+
+def published_mfu(r: Row) -> float:
+    """Published throughput in model FLOPs (the planner's MFU definition) / peak."""
+    return r.tflops * 1e12 * workload(r).model.flops_per_token(SEQ) / megatron_flops_per_token(r) / PEAK
+
+
+def evaluate_published(r: Row, dev, order, repeats=None) -> tuple:
+    """Fastest estimate of the published mesh over the unpublished M (and circular R):
+    -> (fastest regardless of memory, fastest that fits the device's memory or None)."""
+    from jaxpar.planner.cost import Strategy, estimate
+    from jaxpar.planner.search import REPEATS, divisors
+
+    w = workload(r)
+    repeats = REPEATS if repeats is None else repeats
+    reps = [1] + ([x for x in repeats if r.layers % (r.pipe * x) == 0] if r.pipe > 1 else [])
+    best = fit = None
+    for M in divisors(r.batch // r.data):
+        for R in reps:
+            s = Strategy(r.data, 1, r.tensor, r.pipe, M, R, "full", order=order)
+            e = estimate(w, s, dev, dev.memory)
+            if best is None or e.step_time_s < best.step_time_s:
+                best = e
+            if e.fits and (fit is None or e.step_time_s < fit.step_time_s):
+                fit = e
+    return best, fit
+
+
+def brief(e) -> dict | None:
+    if e is None:
+        return None
+    s = e.strategy
+    return {"mesh": s.mesh, "microbatches": s.microbatches, "repeats": s.repeats, "remat": s.remat,
+            "replicated": list(s.replicated), "vocab_chunks": s.vocab_chunks, "mlp_chunks": s.mlp_chunks,
+            "order": list(s.order), "mfu": e.mfu, "step_time_s": e.step_time_s, "compute_s": e.compute_s,
+            "bubble": e.bubble, "comm_s": e.comm_s, "memory_gib": e.memory["total"] / 2**30,
+            "memory_breakdown_gib": {k: v / 2**30 for k, v in e.memory.items() if k != "total"}}
+
+
+def run_row(r: Row, dev) -> dict:
+    from jaxpar.planner.cost import JAXPAR_ORDER, MEGATRON_ORDER
+    from jaxpar.planner.search import search
+
+    pub = published_mfu(r)
+    # the model before issue 15: efficiency 0.55, no GPU elementwise term, jaxpar's placement only,
+    # circular R in {2, 4}; then each change on its own
+    old = dataclasses.replace(dev, efficiency=0.55, hbm_bandwidth=0.0)
+    variants = {"before": evaluate_published(r, old, JAXPAR_ORDER, (2, 4))[0],
+                "placement_only": evaluate_published(r, old, MEGATRON_ORDER)[0]}
+    jx, jx_fit = evaluate_published(r, dev, JAXPAR_ORDER)
+    mg, mg_fit = evaluate_published(r, dev, MEGATRON_ORDER)
+    # planning time: wall clock and this process's CPU time (the 2-core box is shared, so wall
+    # time is inflated by the other jobs' load; CPU time is what planning costs)
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = search(workload(r), r.gpus, dev, dev.memory)
+    plan_s, plan_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    pick = res.best
+    no_fit = None if pick else (f"no plan fits {dev.memory / 2**30:.0f} GiB: smallest need "
+                                f"{res.min_memory / 2**30:.1f} GiB ({brief(res.lightest)['memory_breakdown_gib']})")
+    return {
+        "row": r.name, "heads": r.heads, "hidden": r.hidden, "layers": r.layers, "tensor": r.tensor,
+        "pipe": r.pipe, "data": r.data, "gpus": r.gpus, "batch": r.batch, "published_tflops": r.tflops,
+        "published_hfu_megatron": r.tflops * 1e12 / PEAK, "published_mfu_model_flops": pub,
+        "before": brief(variants["before"]), "err_before": variants["before"].mfu / pub - 1,
+        "placement_only": brief(variants["placement_only"]),
+        "err_placement_only": variants["placement_only"].mfu / pub - 1,
+        "published_jaxpar_placement": brief(jx), "published_jaxpar_placement_fitting": brief(jx_fit),
+        "published_megatron_placement": brief(mg), "published_megatron_placement_fitting": brief(mg_fit),
+        "err_jaxpar_placement": jx.mfu / pub - 1, "err_megatron_placement": mg.mfu / pub - 1,
+        "pick": brief(pick), "pick_error": no_fit, "plan_seconds": plan_s, "plan_cpu_seconds": plan_cpu_s,
+        "plan_evaluated": res.evaluated,
+        "pick_no_slower_than_published_jaxpar_placement": bool(pick) and pick.step_time_s <= jx.step_time_s,
+        "pick_no_slower_than_published_megatron_placement": bool(pick) and pick.step_time_s <= mg.step_time_s,
+    }
+
+
+def _mesh(m: dict) -> str:
+    return "×".join(str(m[k]) for k in ("data", "fsdp", "tensor", "pipe"))
+
+
+def markdown(rows: list[dict], dev) -> str:
+    out = [f"Source: {SRC_TABLE}. FLOPs: {SRC_FLOPS}. Placement: {SRC_PLACEMENT}.", "",
+           "MFU in model FLOPs (6N + 12·L·H·Q·T per token, the planner's definition); A100-80GB: 312 TFLOP/s, "
+           f"efficiency {dev.efficiency}, HBM {dev.hbm_bandwidth / 1e12:.3f} TB/s, "
+           f"{dev.inter_bandwidth / 1e9:.0f} GB/s per GPU between nodes.",
+           "(a) = the published mesh d×1×t×p with full recompute (M, R not published: the model's fastest), "
+           "regardless of jaxpar's memory. before = the model before issue 15 (efficiency 0.55, no GPU "
+           "elementwise term, jaxpar's placement); placement = the published placement alone; after = all changes. "
+           "(b) = the planner's pick (jaxpar's placement, must fit 80 GiB).",
+           "",
+           "| row | published d×f×t×p | published MFU | (a) before | (a) placement | (a) after | err before "
+           "| err placement | err after | (a) after, jaxpar placement | (b) pick | (b) MFU | (b) ≤ (a) after |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for x in rows:
+        mg, pk = x["published_megatron_placement"], x["pick"]
+        out.append(
+            f"| {x['row']} | {x['data']}×1×{x['tensor']}×{x['pipe']} | {100 * x['published_mfu_model_flops']:.1f}% "
+            f"| {100 * x['before']['mfu']:.1f}% | {100 * x['placement_only']['mfu']:.1f}% "
+            f"| {100 * mg['mfu']:.1f}% (M={mg['microbatches']}, R={mg['repeats']}) "
+            f"| {100 * x['err_before']:+.0f}% | {100 * x['err_placement_only']:+.0f}% "
+            f"| {100 * x['err_megatron_placement']:+.0f}% | {100 * x['published_jaxpar_placement']['mfu']:.1f}% "
+            + (f"| {_mesh(pk['mesh'])} {pk['remat']} M={pk['microbatches']}"
+               + (f" R={pk['repeats']}" if pk["mesh"]["pipe"] > 1 else "") + f" | {100 * pk['mfu']:.1f}% "
+               if pk else "| nothing fits 80 GiB | — ")
+            + f"| {'yes' if x['pick_no_slower_than_published_megatron_placement'] else 'no'} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="benchmarks/results/published_configs.json")
+    ap.add_argument("--rows", default="", help="comma-separated row names (default: all)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="a100-80g device overrides")
+    args = ap.parse_args(argv)
+    from jaxpar.planner.devices import get_device
+
+    dev = get_device("a100-80g", dict(kv.split("=", 1) for kv in args.set))
+    pick_rows = [r for r in ROWS if not args.rows or r.name in args.rows.split(",")]
+    rows = []
+    for r in pick_rows:
+        x = run_row(r, dev)
+        rows.append(x)
+        print(f"{x['row']:>8}: published {100 * x['published_mfu_model_flops']:.1f}% | (a) before "
+              f"{100 * x['before']['mfu']:.1f}% ({100 * x['err_before']:+.0f}%), jaxpar placement "
+              f"{100 * x['published_jaxpar_placement']['mfu']:.1f}% ({100 * x['err_jaxpar_placement']:+.0f}%), "
+              f"published placement {100 * x['published_megatron_placement']['mfu']:.1f}% "
+              f"({100 * x['err_megatron_placement']:+.0f}%) | (b) "
+              + (f"{_mesh(x['pick']['mesh'])} {100 * x['pick']['mfu']:.1f}%" if x["pick"] else x["pick_error"])
+              + f" | planned in {x['plan_seconds']:.2f} s wall, {x['plan_cpu_seconds']:.2f} s CPU")
+    big = max(rows, key=lambda x: x["gpus"])
+    report = {
+        "sources": {"table": SRC_TABLE, "flops": SRC_FLOPS, "placement": SRC_PLACEMENT},
+        "device": {k: getattr(dev, k) for k in ("name", "peak_flops", "memory", "bandwidth", "inter_bandwidth",
+                                                "efficiency", "knee_rows", "knee_cols", "overlap",
+                                                "hbm_bandwidth")},
+        "rows": rows,
+        "within_15pct_published_placement": sum(abs(x["err_megatron_placement"]) <= 0.15 for x in rows),
+        "within_15pct_before": sum(abs(x["err_before"]) <= 0.15 for x in rows),
+        "pick_no_slower_than_published": sum(x["pick_no_slower_than_published_megatron_placement"] for x in rows),
+        "n_rows": len(rows),
+        "plan_3072_devices_s": big["plan_seconds"] if big["gpus"] == 3072 else None,
+        "plan_3072_devices_cpu_s": big["plan_cpu_seconds"] if big["gpus"] == 3072 else None,
+    }
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(report, fh, indent=1)
+    md = os.path.splitext(args.out)[0] + ".md"
+    with open(md, "w") as fh:
+        fh.write(markdown(rows, dev))
+    print(f"within 15%: before {report['within_15pct_before']}/{len(rows)}, after (published placement) "
+          f"{report['within_15pct_published_placement']}/{len(rows)}; "
+          f"pick no slower than published: {report['pick_no_slower_than_published']}/{len(rows)}")
+    if report["plan_3072_devices_s"] is not None:
+        print(f"planning 3072 devices: {report['plan_3072_devices_s']:.2f} s wall, "
+              f"{report['plan_3072_devices_cpu_s']:.2f} s CPU (target < 10 s)")
+    print(f"wrote {args.out} and {md}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.exit(main())
