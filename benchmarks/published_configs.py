@@ -142,6 +142,11 @@ def run_row(r: Row, dev) -> dict:
     res = search(workload(r), r.gpus, dev, dev.memory)
     plan_s, plan_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     pick = res.best
+    # the same search if jaxpar placed devices as Megatron does (tensor innermost): a what-if,
+    # compared with the published configuration in that same placement
+    from jaxpar.planner.search import SearchSpace
+
+    pick_mg = search(workload(r), r.gpus, dev, dev.memory, SearchSpace(order=MEGATRON_ORDER)).best
     no_fit = None if pick else (f"no plan fits {dev.memory / 2**30:.0f} GiB: smallest need "
                                 f"{res.min_memory / 2**30:.1f} GiB ({brief(res.lightest)['memory_breakdown_gib']})")
     return {
@@ -158,7 +163,28 @@ def run_row(r: Row, dev) -> dict:
         "plan_evaluated": res.evaluated,
         "pick_no_slower_than_published_jaxpar_placement": bool(pick) and pick.step_time_s <= jx.step_time_s,
         "pick_no_slower_than_published_megatron_placement": bool(pick) and pick.step_time_s <= mg.step_time_s,
+        "pick_published_placement": brief(pick_mg),
+        "pick_published_placement_no_slower": bool(pick_mg) and pick_mg.step_time_s <= mg.step_time_s,
     }
+
+
+def pipeline_choice(r: Row, dev) -> dict:
+    """Why the planner picks FSDP or a pipeline for this row: the best plan without and with a
+    pipeline, in jaxpar's placement and in the published one (tensor innermost), with DP/FSDP
+    collectives half hidden (the device's overlap) and fully exposed (overlap 0)."""
+    from jaxpar.planner.cost import JAXPAR_ORDER, MEGATRON_ORDER
+    from jaxpar.planner.search import SearchSpace, search
+
+    out = {}
+    for place, order in (("jaxpar", JAXPAR_ORDER), ("published", MEGATRON_ORDER)):
+        for ov in (dev.overlap, 0.0):
+            d = dataclasses.replace(dev, overlap=ov)
+            res = search(workload(r), r.gpus, d, d.memory, SearchSpace(order=order), top_k=10**6)
+            flat = next((e for e in res.ranked if e.strategy.pipe == 1), None)
+            piped = next((e for e in res.ranked if e.strategy.pipe > 1), None)
+            out[f"{place} placement, overlap {ov}"] = {"best_without_pipeline": brief(flat),
+                                                       "best_with_pipeline": brief(piped)}
+    return out
 
 
 def _mesh(m: dict) -> str:
@@ -171,25 +197,30 @@ def markdown(rows: list[dict], dev) -> str:
            f"efficiency {dev.efficiency}, HBM {dev.hbm_bandwidth / 1e12:.3f} TB/s, "
            f"{dev.inter_bandwidth / 1e9:.0f} GB/s per GPU between nodes.",
            "(a) = the published mesh d×1×t×p with full recompute (M, R not published: the model's fastest), "
-           "regardless of jaxpar's memory. before = the model before issue 15 (efficiency 0.55, no GPU "
+           "regardless of jaxpar's memory (its jaxpar memory per device in brackets: jaxpar's pipeline keeps every "
+           "microbatch's stage input, Megatron's 1F1B only p of them). before = the model before issue 15 (efficiency 0.55, no GPU "
            "elementwise term, jaxpar's placement); placement = the published placement alone; after = all changes. "
            "(b) = the planner's pick (jaxpar's placement, must fit 80 GiB).",
            "",
            "| row | published d×f×t×p | published MFU | (a) before | (a) placement | (a) after | err before "
-           "| err placement | err after | (a) after, jaxpar placement | (b) pick | (b) MFU | (b) ≤ (a) after |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| err placement | err after | (a) after, jaxpar placement | (b) pick | (b) MFU | (b) ≤ (a) after, "
+           "jaxpar placement | (b') pick in the published placement | (b') ≤ (a) after |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         mg, pk = x["published_megatron_placement"], x["pick"]
         out.append(
             f"| {x['row']} | {x['data']}×1×{x['tensor']}×{x['pipe']} | {100 * x['published_mfu_model_flops']:.1f}% "
             f"| {100 * x['before']['mfu']:.1f}% | {100 * x['placement_only']['mfu']:.1f}% "
-            f"| {100 * mg['mfu']:.1f}% (M={mg['microbatches']}, R={mg['repeats']}) "
+            f"| {100 * mg['mfu']:.1f}% (M={mg['microbatches']}, R={mg['repeats']}, {mg['memory_gib']:.0f} GiB) "
             f"| {100 * x['err_before']:+.0f}% | {100 * x['err_placement_only']:+.0f}% "
             f"| {100 * x['err_megatron_placement']:+.0f}% | {100 * x['published_jaxpar_placement']['mfu']:.1f}% "
             + (f"| {_mesh(pk['mesh'])} {pk['remat']} M={pk['microbatches']}"
                + (f" R={pk['repeats']}" if pk["mesh"]["pipe"] > 1 else "") + f" | {100 * pk['mfu']:.1f}% "
                if pk else "| nothing fits 80 GiB | — ")
-            + f"| {'yes' if x['pick_no_slower_than_published_megatron_placement'] else 'no'} |")
+            + f"| {'yes' if x['pick_no_slower_than_published_jaxpar_placement'] else 'no'} "
+            + (f"| {_mesh(x['pick_published_placement']['mesh'])} {100 * x['pick_published_placement']['mfu']:.1f}% "
+               if x["pick_published_placement"] else "| nothing fits 80 GiB ")
+            + f"| {'yes' if x['pick_published_placement_no_slower'] else 'no'} |")
     return "\n".join(out) + "\n"
 
 
@@ -197,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/published_configs.json")
     ap.add_argument("--rows", default="", help="comma-separated row names (default: all)")
+    ap.add_argument("--pipeline-rows", default="145.6B,1008.0B",
+                    help="rows whose pipeline-vs-FSDP choice is broken down (slow: no pruning by rank)")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="a100-80g device overrides")
     args = ap.parse_args(argv)
     from jaxpar.planner.devices import get_device
@@ -214,6 +247,16 @@ def main(argv: list[str] | None = None) -> int:
               f"({100 * x['err_megatron_placement']:+.0f}%) | (b) "
               + (f"{_mesh(x['pick']['mesh'])} {100 * x['pick']['mfu']:.1f}%" if x["pick"] else x["pick_error"])
               + f" | planned in {x['plan_seconds']:.2f} s wall, {x['plan_cpu_seconds']:.2f} s CPU")
+    choice = {}
+    for r in pick_rows:
+        if r.name in args.pipeline_rows.split(","):
+            choice[r.name] = pipeline_choice(r, dev)
+            for k, v in choice[r.name].items():
+                a, b = v["best_without_pipeline"], v["best_with_pipeline"]
+                print(f"{r.name} {k}: without pipeline "
+                      + (f"{_mesh(a['mesh'])} {100 * a['mfu']:.1f}%" if a else "none fits")
+                      + ", with pipeline " + (f"{_mesh(b['mesh'])} M={b['microbatches']} R={b['repeats']} "
+                                              f"{100 * b['mfu']:.1f}%" if b else "none fits"))
     big = max(rows, key=lambda x: x["gpus"])
     report = {
         "sources": {"table": SRC_TABLE, "flops": SRC_FLOPS, "placement": SRC_PLACEMENT},
@@ -221,9 +264,13 @@ def main(argv: list[str] | None = None) -> int:
                                                 "efficiency", "knee_rows", "knee_cols", "overlap",
                                                 "hbm_bandwidth")},
         "rows": rows,
+        "pipeline_choice": choice,
         "within_15pct_published_placement": sum(abs(x["err_megatron_placement"]) <= 0.15 for x in rows),
         "within_15pct_before": sum(abs(x["err_before"]) <= 0.15 for x in rows),
         "pick_no_slower_than_published": sum(x["pick_no_slower_than_published_megatron_placement"] for x in rows),
+        "pick_no_slower_than_published_same_placement": {
+            "jaxpar": sum(x["pick_no_slower_than_published_jaxpar_placement"] for x in rows),
+            "published": sum(x["pick_published_placement_no_slower"] for x in rows)},
         "n_rows": len(rows),
         "plan_3072_devices_s": big["plan_seconds"] if big["gpus"] == 3072 else None,
         "plan_3072_devices_cpu_s": big["plan_cpu_seconds"] if big["gpus"] == 3072 else None,
@@ -235,8 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     with open(md, "w") as fh:
         fh.write(markdown(rows, dev))
     print(f"within 15%: before {report['within_15pct_before']}/{len(rows)}, after (published placement) "
-          f"{report['within_15pct_published_placement']}/{len(rows)}; "
-          f"pick no slower than published: {report['pick_no_slower_than_published']}/{len(rows)}")
+          f"{report['within_15pct_published_placement']}/{len(rows)}; pick no slower than published (both in "
+          f"jaxpar's placement): {report['pick_no_slower_than_published_same_placement']['jaxpar']}/{len(rows)}, "
+          f"(both in the published placement): {report['pick_no_slower_than_published_same_placement']['published']}"
+          f"/{len(rows)}, (pick in jaxpar's, published in its own): {report['pick_no_slower_than_published']}/"
+          f"{len(rows)}")
     if report["plan_3072_devices_s"] is not None:
         print(f"planning 3072 devices: {report['plan_3072_devices_s']:.2f} s wall, "
               f"{report['plan_3072_devices_cpu_s']:.2f} s CPU (target < 10 s)")

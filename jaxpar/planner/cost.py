@@ -31,6 +31,10 @@ training = 3× forward, plus one forward per recompute.
 Elementwise traffic (devices with mem_bandwidth > 0, i.e. cpu): layers_run · STACK_PASSES ·
 saved bytes of residual stacking (+ chunked-MLP weight re-layouts) / mem_bandwidth, on the
 critical path. Emulated devices sharing one host (shared_host) split its peak and bandwidth n ways.
+GPUs (hbm_bandwidth > 0): memory-bound kernels stream each layer's live activation bytes through
+HBM, layers_run · (5 + 2 per forward recompute) · live / hbm_bandwidth (+ the head's fp32 logits),
+on the critical path; with the measured-MAMF efficiency this reproduces Megatron-LM's published
+A100 table within 10% (benchmarks/published_configs.py).
 
 Communication, alpha-beta per collective over n devices with payload X bytes:
   all-reduce (ring)        2(n-1)·α + 2(n-1)/n · X / bw

@@ -32,7 +32,17 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from jaxpar.planner.cost import GROUPS, REMAT, STATE_BYTES, Estimate, Strategy, Workload, estimate, group_elems
+from jaxpar.planner.cost import (
+    GROUPS,
+    JAXPAR_ORDER,
+    REMAT,
+    STATE_BYTES,
+    Estimate,
+    Strategy,
+    Workload,
+    estimate,
+    group_elems,
+)
 from jaxpar.planner.devices import DeviceSpec
 
 # circular repeats the search tries (R = 1 is gpipe). R = 3 matters where L/p is odd, e.g.
@@ -52,6 +62,9 @@ class SearchSpace:
     pipeline: bool = True
     repeats: bool = True  # circular schedule (R > 1)
     max_microbatches: int = 64
+    # device placement the strategies are costed with (cost.Strategy.order); jaxpar.mesh builds
+    # JAXPAR_ORDER only, so anything else is a what-if (benchmarks/published_configs.py)
+    order: tuple[str, ...] = JAXPAR_ORDER
 
 
 @dataclass(frozen=True)
@@ -268,7 +281,7 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
                                      (p == 1 and any(_dominated(opt, v) for v in fitted_at.values()))):
                         continue
                     ri, vc, mc = opt
-                    s = Strategy(d, f, t, p, M, r, space.remat[ri], rep, vc, mc)
+                    s = Strategy(d, f, t, p, M, r, space.remat[ri], rep, vc, mc, space.order)
                     e = estimate(w, s, dev, memory_limit, detail=False)
                     evaluated += 1
                     if lightest is None or e.memory["total"] < lightest.memory["total"]:
