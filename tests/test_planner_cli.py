@@ -201,6 +201,14 @@ def test_everything_fixed_is_a_what_if_with_breakdown(tmp_path, capsys):
     t, b = e.collectives["pipe ppermute"]
     assert f"  pipe ppermute            {t:.4g} s, {b / 2**30:.2f} GiB sent" in text
     assert f"MFU {100 * e.mfu:.1f}%" in text and "searched 1 strategies over 1 meshes" in text
+    # without a pipeline: train.grad_accum and train.remat pin the rest
+    flat = ["mesh.data=4", "mesh.fsdp=2", "mesh.tensor=1", "mesh.pipe=1", "train.grad_accum=2", "train.remat=full",
+            "train.vocab_chunks=1", "train.mlp_chunks=1", "sharding.replicate=attn"]
+    assert main(BASE + flat + [f"out={tmp_path}/p.json", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    e = estimate(w, Strategy(4, 2, 1, 1, 2, 1, "full", ("attn",)), get_device("h100"))
+    assert obj["search"]["evaluated"] == 1 and obj["step_time_s"] == e.step_time_s
+    assert obj["remat"] == "full" and obj["osdp"] == {"embed": "sharded", "attn": "replicated", "mlp": "sharded"}
 
 
 def test_fixed_config_over_memory_names_the_resource(tmp_path, capsys):

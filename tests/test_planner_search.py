@@ -120,6 +120,11 @@ def test_memory_floor_never_exceeds_an_estimate():
                                                       REMAT, (1, 4)):
             mem = estimate(w, Strategy(d, f, t, p, M, r, remat, rep, 1, mc), H100).memory["total"]
             assert floor <= mem and _memory_floor(w, (d, f, t, p), H100, rep, r) <= mem
+    # tight where the gathered fp32 stage copies dominate (deep, wide, tiny batch): within 10%
+    deep = Workload(ModelConfig(n_layer=8, n_embd=1024, n_head=8, vocab_size=1024, n_positions=64), 8, 16)
+    mem = estimate(deep, Strategy(1, 8, 1, 2, 1, 1), H100).memory["total"]
+    floor = _memory_floor(deep, (1, 8, 1, 2), H100, (), 1)
+    assert floor <= mem < 1.1 * floor
     big = ModelConfig(n_layer=16, n_embd=2048, n_head=16, vocab_size=8192, n_positions=1024)
     wb = Workload(big, 64, 1024)
     for limit in (6 * 2**30, 12 * 2**30):
