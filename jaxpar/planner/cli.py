@@ -133,7 +133,7 @@ def print_breakdown(b: dict) -> None:
     for name, c in sorted(b["collectives"].items(), key=lambda kv: -kv[1]["seconds"]):
         print(f"  {name:<24} {c['seconds']:.4g} s, {fmt_bytes(c['bytes'])} sent")
     exposed = ", ".join(f"{k} {v:.4g} s" for k, v in b["comm_s"].items() if v)
-    print(f"  step     {b['step_time_s']:.4g} s = compute + tensor/pipe + unhidden data/fsdp "
+    print(f"  step     {b['step_time_s']:.4g} s = compute + traffic + tensor/pipe + unhidden data/fsdp "
           f"(totals: {exposed or 'no communication'}); MFU {100 * b['mfu']:.1f}%")
 
 
