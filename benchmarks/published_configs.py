@@ -1,21 +1,24 @@
 """Planner held to published results: Megatron-LM's GPT scaling table on A100-80GB (Selene).
 
-Source (every row below, no others): Narayanan et al. 2021, "Efficient Large-Scale Language
-Model Training on GPU Clusters Using Megatron-LM" (arXiv 2104.04473), Table 1, as published in
-NVIDIA/Megatron-LM's README (commit 50a4b5fa02, 2021-04-08, images/cases_april2021.png): hidden
-size, layers, model-parallel size, GPUs, batch, achieved TFLOP/s per GPU; vocab 51,200, seq 2048,
-A100 GPUs (80 GB, 8 per node, README of 2022-05-19, commit 2e90a342f5). The README figure gives the
-model-parallel size t·p; the split (t = 8 inside a node, p = t·p / 8) and the head counts are
-the paper's Table 1 (the issue quotes t=1 p=1, t=8 p=2 and t=8 p=8 for three rows). Microbatch
-counts are not published: the model's fastest M (and circular R) for the published mesh is used.
+Sources (every row below, no others):
+  * Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+    Megatron-LM" (arXiv 2104.04473), Table 1, as published in NVIDIA/Megatron-LM's README
+    (commit 50a4b5fa02, 2021-04-08, images/cases_april2021.png): hidden size, layers,
+    model-parallel size, GPUs, batch, achieved TFLOP/s per GPU; vocab 51,200, seq 2048, A100 GPUs
+    (80 GB, 8 per node: README of 2022-05-19, commit 2e90a342f5);
+  * the paper's own run script for that table, NVIDIA/Megatron-LM examples/sc21/run_table_1.sh
+    (commit de7dc40f88, 2021-08-10): tensor and pipeline sizes, heads, micro-batch size, global
+    batch, layers per virtual pipeline stage (interleaved schedule), `--checkpoint-activations`.
+So the published configuration is exact: M = batch / (data · micro-batch size) microbatches,
+R = layers / (pipe · layers per virtual stage) circular repeats, full recompute.
 
 Published FLOPs are Megatron's count with full activation recomputation (paper eq. 3, §5.1):
     F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))   per iteration,
 so the published figure in model FLOPs (what the planner's MFU counts, jaxpar's
 `ModelConfig.flops_per_token`: 6N + 12·L·H·Q·T) is TFLOP/s × model/Megatron FLOPs / 312 TFLOP/s.
 
-Each row is evaluated twice: (a) the published configuration (its mesh, full recompute, no
-op splitting, no FSDP) under the planner's cost model, with jaxpar's device placement (pipe
+Each row is evaluated twice: (a) the published configuration (its mesh, M, R, full recompute,
+no op splitting, no FSDP) under the planner's cost model, with jaxpar's device placement (pipe
 innermost: what `jaxpar train` would build) and with the published placement (Megatron puts
 tensor groups on consecutive ranks, i.e. inside a node); (b) the planner's own pick on the same
 devices, batch and memory, and whether the model predicts it no slower than (a). Also timed:
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 SRC_TABLE = ("Narayanan et al. 2021 (arXiv 2104.04473) Table 1, as in NVIDIA/Megatron-LM README "
              "(commit 50a4b5fa02, images/cases_april2021.png)")
 SRC_FLOPS = "Narayanan et al. 2021, eq. 3 (section 5.1): F = 96 B s l h^2 (1 + s/6h + V/16lh)"
+SRC_SCRIPT = "NVIDIA/Megatron-LM examples/sc21/run_table_1.sh (commit de7dc40f88): t, p, heads, micro-batch, virtual stages"
 SRC_PLACEMENT = "megatron/core/parallel_state.py (tensor groups = consecutive ranks, pipeline groups strided by n/p)"
 SEQ, VOCAB, PEAK = 2048, 51200, 312e12  # A100 dense bf16 peak
 
@@ -54,23 +58,33 @@ class Row:
     gpus: int
     batch: int
     tflops: float  # achieved TFLOP/s per GPU (Megatron's FLOP count)
+    micro: int  # --micro-batch-size (sequences per microbatch per data replica)
+    virtual: int = 0  # --num-layers-per-virtual-pipeline-stage (0: not interleaved)
 
     @property
     def data(self) -> int:
         return self.gpus // (self.tensor * self.pipe)
 
+    @property
+    def microbatches(self) -> int:  # pipeline microbatches, or gradient-accumulation steps without one
+        return self.batch // (self.data * self.micro)
 
-ROWS = [
-    Row("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137),
-    Row("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
-    Row("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142),
-    Row("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135),
-    Row("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138),
-    Row("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    Row("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148),
-    Row("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    Row("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163),
-    Row("1008.0B", 160, 25600, 128, 8, 64, 3072, 3072, 163),
+    @property
+    def repeats(self) -> int:  # model chunks per device of the interleaved (circular) schedule
+        return self.layers // (self.pipe * self.virtual) if self.virtual else 1
+
+
+ROWS = [  # name, heads, hidden, layers, t, p, GPUs, batch, TFLOP/s, micro-batch, layers per virtual stage
+    Row("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137, 16),
+    Row("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138, 16),
+    Row("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142, 16),
+    Row("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135, 8),
+    Row("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138, 4),
+    Row("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140, 2, 5),
+    Row("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148, 2, 5),
+    Row("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155, 1, 3),
+    Row("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 1),
+    Row("1008.0B", 160, 25600, 128, 8, 64, 3072, 3072, 163, 1),
 ]
 
 
@@ -92,25 +106,13 @@ def published_mfu(r: Row) -> float:
     return r.tflops * 1e12 * workload(r).model.flops_per_token(SEQ) / megatron_flops_per_token(r) / PEAK
 
 
-def evaluate_published(r: Row, dev, order, repeats=None) -> tuple:
-    """Fastest estimate of the published mesh over the unpublished M (and circular R):
-    -> (fastest regardless of memory, fastest that fits the device's memory or None)."""
+def evaluate_published(r: Row, dev, order):
+    """The published configuration (mesh, M, R from run_table_1.sh, full recompute) under the
+    cost model in device placement `order`."""
     from jaxpar.planner.cost import Strategy, estimate
-    from jaxpar.planner.search import REPEATS, divisors
 
-    w = workload(r)
-    repeats = REPEATS if repeats is None else repeats
-    reps = [1] + ([x for x in repeats if r.layers % (r.pipe * x) == 0] if r.pipe > 1 else [])
-    best = fit = None
-    for M in divisors(r.batch // r.data):
-        for R in reps:
-            s = Strategy(r.data, 1, r.tensor, r.pipe, M, R, "full", order=order)
-            e = estimate(w, s, dev, dev.memory)
-            if best is None or e.step_time_s < best.step_time_s:
-                best = e
-            if e.fits and (fit is None or e.step_time_s < fit.step_time_s):
-                fit = e
-    return best, fit
+    s = Strategy(r.data, 1, r.tensor, r.pipe, r.microbatches, r.repeats, "full", order=order)
+    return estimate(workload(r), s, dev, dev.memory)
 
 
 def brief(e) -> dict | None:
@@ -129,13 +131,13 @@ def run_row(r: Row, dev) -> dict:
     from jaxpar.planner.search import search
 
     pub = published_mfu(r)
-    # the model before issue 15: efficiency 0.55, no GPU elementwise term, jaxpar's placement only,
-    # circular R in {2, 4}; then each change on its own
+    # the model before issue 15: efficiency 0.55, no GPU elementwise term, jaxpar's placement
+    # only; then the placement on its own
     old = dataclasses.replace(dev, efficiency=0.55, hbm_bandwidth=0.0)
-    variants = {"before": evaluate_published(r, old, JAXPAR_ORDER, (2, 4))[0],
-                "placement_only": evaluate_published(r, old, MEGATRON_ORDER)[0]}
-    jx, jx_fit = evaluate_published(r, dev, JAXPAR_ORDER)
-    mg, mg_fit = evaluate_published(r, dev, MEGATRON_ORDER)
+    variants = {"before": evaluate_published(r, old, JAXPAR_ORDER),
+                "placement_only": evaluate_published(r, old, MEGATRON_ORDER)}
+    jx = evaluate_published(r, dev, JAXPAR_ORDER)
+    mg = evaluate_published(r, dev, MEGATRON_ORDER)
     # planning time: wall clock and this process's CPU time (the 2-core box is shared, so wall
     # time is inflated by the other jobs' load; CPU time is what planning costs)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -156,8 +158,9 @@ def run_row(r: Row, dev) -> dict:
         "before": brief(variants["before"]), "err_before": variants["before"].mfu / pub - 1,
         "placement_only": brief(variants["placement_only"]),
         "err_placement_only": variants["placement_only"].mfu / pub - 1,
-        "published_jaxpar_placement": brief(jx), "published_jaxpar_placement_fitting": brief(jx_fit),
-        "published_megatron_placement": brief(mg), "published_megatron_placement_fitting": brief(mg_fit),
+        "micro_batch": r.micro, "microbatches": r.microbatches, "repeats": r.repeats,
+        "published_jaxpar_placement": brief(jx), "published_megatron_placement": brief(mg),
+        "published_fits_jaxpar_memory": mg.fits,
         "err_jaxpar_placement": jx.mfu / pub - 1, "err_megatron_placement": mg.mfu / pub - 1,
         "pick": brief(pick), "pick_error": no_fit, "plan_seconds": plan_s, "plan_cpu_seconds": plan_cpu_s,
         "plan_evaluated": res.evaluated,
@@ -192,11 +195,12 @@ def _mesh(m: dict) -> str:
 
 
 def markdown(rows: list[dict], dev) -> str:
-    out = [f"Source: {SRC_TABLE}. FLOPs: {SRC_FLOPS}. Placement: {SRC_PLACEMENT}.", "",
+    out = [f"Source: {SRC_TABLE}; configuration: {SRC_SCRIPT}. FLOPs: {SRC_FLOPS}. Placement: {SRC_PLACEMENT}.",
+           "",
            "MFU in model FLOPs (6N + 12·L·H·Q·T per token, the planner's definition); A100-80GB: 312 TFLOP/s, "
            f"efficiency {dev.efficiency}, HBM {dev.hbm_bandwidth / 1e12:.3f} TB/s, "
            f"{dev.inter_bandwidth / 1e9:.0f} GB/s per GPU between nodes.",
-           "(a) = the published mesh d×1×t×p with full recompute (M, R not published: the model's fastest), "
+           "(a) = the published configuration (mesh d×1×t×p, M microbatches, R interleaved chunks, full recompute), "
            "regardless of jaxpar's memory (its jaxpar memory per device in brackets: jaxpar's pipeline keeps every "
            "microbatch's stage input, Megatron's 1F1B only p of them). before = the model before issue 15 (efficiency 0.55, no GPU "
            "elementwise term, jaxpar's placement); placement = the published placement alone; after = all changes. "
@@ -259,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                                               f"{100 * b['mfu']:.1f}%" if b else "none fits"))
     big = max(rows, key=lambda x: x["gpus"])
     report = {
-        "sources": {"table": SRC_TABLE, "flops": SRC_FLOPS, "placement": SRC_PLACEMENT},
+        "sources": {"table": SRC_TABLE, "configuration": SRC_SCRIPT, "flops": SRC_FLOPS, "placement": SRC_PLACEMENT},
         "device": {k: getattr(dev, k) for k in ("name", "peak_flops", "memory", "bandwidth", "inter_bandwidth",
                                                 "efficiency", "knee_rows", "knee_cols", "overlap",
                                                 "hbm_bandwidth")},
