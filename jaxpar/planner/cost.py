@@ -34,7 +34,7 @@ critical path. Emulated devices sharing one host (shared_host) split its peak an
 GPUs (hbm_bandwidth > 0): memory-bound kernels stream each layer's live activation bytes through
 HBM, layers_run · (5 + 2 per forward recompute) · live / hbm_bandwidth (+ the head's fp32 logits),
 on the critical path; with the measured-MAMF efficiency this reproduces Megatron-LM's published
-A100 table within 10% (benchmarks/published_configs.py).
+A100 table within 12% (benchmarks/published_configs.py).
 
 Communication, alpha-beta per collective over n devices with payload X bytes:
   all-reduce (ring)        2(n-1)·α + 2(n-1)/n · X / bw
