@@ -177,6 +177,10 @@ def test_fixed_keys_narrow_the_search(tmp_path, capsys):
     assert main(BASE + ["pipeline.microbatches=4", f"out={tmp_path}/q.json", "--json"]) == 0
     obj = json.loads(capsys.readouterr().out)
     assert all(r["mesh"]["pipe"] > 1 and r["microbatches"] == 4 for r in [obj] + obj["candidates"])
+    # gradient accumulation keeps pipeline-free meshes
+    assert main(BASE + ["train.grad_accum=2", f"out={tmp_path}/r.json", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert all(r["mesh"]["pipe"] == 1 and r["microbatches"] == 2 for r in [obj] + obj["candidates"])
 
 
 def test_everything_fixed_is_a_what_if_with_breakdown(tmp_path, capsys):
@@ -245,6 +249,8 @@ def test_fixed_config_over_memory_names_the_resource(tmp_path, capsys):
     (["mesh.data=8", "train.batch_size=12"],
      "error: devices=8 has no mesh with mesh.data=8 that divides train.batch_size=12 and the model's dims "
      "(model.n_embd=768, model.n_head=12, model.n_layer=12)"),
+    (["mesh.pipe=2", "train.grad_accum=2"], "error: train.grad_accum=2 with a pipeline is not modelled: a pipeline "
+                                            "accumulates over pipeline.microbatches (fix that instead)"),
     (["train.remat=sometimes"], "error: train.remat='sometimes' must be one of none, selective, full (or true/false)"),
     (["sharding.replicate=head"], "error: sharding.replicate=head names unknown groups (head); choose from "
                                   "embed, attn, mlp"),

@@ -21,7 +21,8 @@ Constraints (`Fixed`, from the same keys `jaxpar train` takes): fixed mesh axes,
 repeats / schedule, remat, op splitting and OSDP groups narrow the enumeration; the rest is
 searched. With everything fixed the search estimates exactly one strategy (a what-if).
 Pipeline settings (`pipeline.microbatches|repeats`, `pipeline.schedule=circular`) only exist with
-a pipeline, so fixing one keeps pipe > 1 meshes only. The pruning rules above hold on any
+a pipeline, so fixing one keeps pipe > 1 meshes only; `train.grad_accum` > 1 keeps pipe = 1 ones
+(the model has no gradient accumulation around a pipeline). The pruning rules above hold on any
 sub-space, so the result is still the exact optimum of what is left.
 """
 
@@ -162,7 +163,7 @@ def meshes(w: Workload, n_devices: int, pipeline: bool = True,
                 if any(want[a] is not None and want[a] != v for a, v in zip(("data", "fsdp", "tensor", "pipe"),
                                                                            (d, f, t, p))):
                     continue
-                if fixed.needs_pipeline and p == 1:
+                if (fixed.needs_pipeline and p == 1) or ((fixed.grad_accum or 1) > 1 and p > 1):
                     continue
                 out.append((d, f, t, p))
     return out
@@ -331,6 +332,9 @@ def check_fixed(w: Workload, n_devices: int, fixed: Fixed) -> str | None:
     if p == 1 and fixed.needs_pipeline:
         keys = {k: v for k, v in fixed.items().items() if k.startswith("pipeline.") and not v == "gpipe"}
         return f"{' '.join(f'{k}={v}' for k, v in keys.items())} needs a pipeline, but mesh.pipe=1"
+    if (fixed.grad_accum or 1) > 1 and ((p or 1) > 1 or fixed.needs_pipeline):
+        return (f"train.grad_accum={fixed.grad_accum} with a pipeline is not modelled: a pipeline accumulates "
+                f"over pipeline.microbatches (fix that instead)")
     if fixed.schedule is not None and fixed.repeats is not None and (fixed.repeats > 1) != (fixed.schedule == "circular"):
         return (f"pipeline.schedule={fixed.schedule} with pipeline.repeats={fixed.repeats}: gpipe runs one repeat, "
                 f"circular more than one")
