@@ -1,0 +1,58 @@
+"""`train.grad_accum=k` computes the update of the k-times larger batch (fp32, within 1e-6).
+
+Reference: the same global batch of 8 rows in one pass (`grad_accum=1`), which does not run the
+accumulation code (split into microbatches, scan, sum, divide by k). Compared: the loss, the
+gradient's global norm, and the gradient itself, read back from AdamW's first moment after
+step 1: with clipping off, mu_1 = (1 - b1) * g exactly, so a gradient that is summed instead of
+averaged (k x g) shows as a factor k, although Adam's update m/sqrt(v) would hide it.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from jaxpar import data as data_lib
+from jaxpar.config import PRESETS, Config, TrainConfig
+from jaxpar.mesh import build_mesh
+from jaxpar.models import gpt2
+from jaxpar.train import build_trainer
+
+K, B, T = 4, 8, 32
+# fp32 sums in another order (4 microbatch means of 2 rows, then their mean). Measured on this
+# host (2 batches x k=2,4): loss and grad_norm <= 1.7e-7; per-tensor ||g_k - g_1|| / ||g_1|| <= 3.1e-7
+# (the element-wise max |diff| / max |g| reaches 7.4e-7, too close to the bound to be a stable
+# measure). 1e-6 is the issue's bound, 3.2x the measured value.
+RTOL = 1e-6
+
+
+def first_step(accum: int, batch):
+    tc = TrainConfig(steps=10, batch_size=B, seq_len=T, lr=1e-3, warmup_steps=0, grad_clip=0.0, grad_accum=accum)
+    cfg = Config(model=PRESETS["gpt2-tiny"], train=tc, precision="fp32")
+    tr = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))
+    state, m = tr.step_fn(tr.init_state(gpt2.init_params(cfg.model, 0)), *map(tr.put_batch, batch))
+    adam = next(s for s in jax.tree.leaves(state["opt_state"], is_leaf=lambda s: hasattr(s, "mu")) if hasattr(s, "mu"))
+    g = jax.tree.map(lambda mu: np.asarray(mu) / (1 - tc.beta1), adam.mu)
+    return float(m["loss"]), float(m["grad_norm"]), {jax.tree_util.keystr(p): v for p, v in
+                                                     jax.tree_util.tree_flatten_with_path(g)[0]}
+
+
+@pytest.fixture(scope="module")
+def both():
+    tokens = np.frombuffer(data_lib.builtin_text()[:50_000].encode(), np.uint8).astype(np.int32)
+    batch = data_lib.get_batch(tokens, data_lib.batch_offsets(len(tokens), T, B, 0, 0), T)
+    return first_step(K, batch), first_step(1, batch)
+
+
+def test_grad_accum_equals_the_larger_batch(both):
+    """Reference: one pass over the k-times larger batch (grad_accum=1)."""
+    (loss, norm, g), (loss1, norm1, g1) = both
+    assert abs(loss - loss1) <= RTOL * loss1, (loss, loss1)
+    assert abs(norm - norm1) <= RTOL * norm1, (norm, norm1)
+    assert g.keys() == g1.keys() and len(g) == 16
+    worst = max((float(np.linalg.norm(g[k] - g1[k]) / np.linalg.norm(g1[k])), k) for k in g1)
+    assert worst[0] <= RTOL, worst
+    # the global norm of the read-back gradient is the step's grad_norm (closed form, float64)
+    total = np.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for v in g1.values()))
+    assert abs(total - norm1) <= 1e-5 * norm1
