@@ -1,0 +1,93 @@
+"""The precision policy read from the traced program, not inferred from loss bounds.
+
+precision=bf16 promises (README, jaxpar/precision.py): matmul operands in bf16; LayerNorm
+statistics, softmax, logits and loss in fp32. The forward jaxpr of gpt2-tiny's loss lists every
+dot, reduction and transcendental with its dtypes; the tables below are the hand count of the
+model's ops (reference: the model's equations, one block body of the scan, per op):
+
+  dots (7): c_attn, q·k scores, probs·v, attn c_proj, c_fc, mlp c_proj, logits (x·wteᵀ)
+  reductions on fp32 inputs: LayerNorm mean and variance (2 per LN: ln_1, ln_2, ln_f), softmax
+  max and sum, logsumexp max and sum, the target-logit pick, the mean over tokens.
+
+Gradient reduction in fp32 is checked on the compiled sharded step (test_policy_shardings.py);
+torchref's autocast dtype in test_policy_amp.py.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import jax
+import jax.numpy as jnp
+from jax.extend import core as jcore
+
+from jaxpar.config import PRESETS
+from jaxpar.models import gpt2
+from jaxpar.precision import get_policy
+
+MC = PRESETS["gpt2-tiny"]
+B, T, D, N, V = 2, 16, MC.n_embd, MC.n_head, MC.vocab_size
+F, HD = 4 * D, D // N
+WATCHED = ("dot_general", "reduce_sum", "reduce_max", "reduce_min", "argmax", "exp", "log", "rsqrt", "sqrt",
+           "logistic", "log1p", "expm1")
+
+
+def ops(precision: str) -> collections.Counter:
+    """Counter of (primitive, input shapes, input dtypes, output dtype) over the forward loss jaxpr,
+    nested jaxprs (scan body, pjit, custom_jvp) included."""
+    found: collections.Counter = collections.Counter()
+
+    def walk(jaxpr):
+        for e in jaxpr.eqns:
+            if e.primitive.name in WATCHED:
+                ins = tuple((tuple(v.aval.shape), str(v.aval.dtype)) for v in e.invars)
+                found[(e.primitive.name, ins, str(e.outvars[0].aval.dtype))] += 1
+            for v in e.params.values():
+                for j in v if isinstance(v, (list, tuple)) else [v]:
+                    if isinstance(j, jcore.ClosedJaxpr):
+                        walk(j.jaxpr)
+                    elif isinstance(j, jcore.Jaxpr):
+                        walk(j)
+
+    def loss(p, x, y):
+        return gpt2.loss_fn(MC, p, x, y, get_policy(precision))
+
+    tok = jax.ShapeDtypeStruct((B, T), jnp.int32)
+    walk(jax.make_jaxpr(loss)(gpt2.abstract_params(MC), tok, tok).jaxpr)
+    return found
+
+
+def expected(compute: str) -> collections.Counter:
+    """The hand count. compute: dtype of activations and matmul operands ('bfloat16' | 'float32')."""
+    c, f = compute, "float32"
+    dot = lambda a, b, out: ("dot_general", ((a, c), (b, c)), out)  # noqa: E731
+    red = lambda prim, shape: (prim, ((shape, f),), f)  # noqa: E731
+    return collections.Counter({
+        dot((B, T, D), (D, 3, N, HD), c): 1,  # c_attn
+        dot((B, T, N, HD), (B, T, N, HD), f): 1,  # scores, fp32 out (preferred_element_type)
+        dot((B, T, N, HD), (B, N, T, T), c): 1,  # v·probs (probs cast back to compute dtype)
+        dot((B, T, N, HD), (N, HD, D), c): 1,  # attn c_proj
+        dot((B, T, D), (D, F), c): 1,  # c_fc
+        dot((B, T, F), (F, D), c): 1,  # mlp c_proj
+        dot((B, T, D), (V, D), f): 1,  # logits, fp32 out
+        red("reduce_sum", (B, T, D)): 6,  # LayerNorm mean + variance: ln_1, ln_2 (scan body), ln_f
+        ("rsqrt", (((B, T, 1), f),), f): 3,  # LayerNorm 1/sqrt(var + eps)
+        red("reduce_max", (B, N, T, T)): 1,  # softmax
+        ("exp", (((B, N, T, T), f),), f): 1,
+        red("reduce_sum", (B, N, T, T)): 1,
+        red("reduce_max", (B, T, V)): 1,  # logsumexp
+        ("exp", (((B, T, V), f),), f): 1,
+        red("reduce_sum", (B, T, V)): 2,  # logsumexp sum, target-logit pick
+        ("log", (((B, T), f),), f): 1,
+        red("reduce_sum", (B, T)): 1,  # mean over tokens
+    })
+
+
+def test_bf16_policy_matmuls_bf16_statistics_softmax_logits_loss_fp32():
+    """Reference: hand count of the model's ops (module docstring)."""
+    assert ops("bf16") == expected("bfloat16")
+
+
+def test_fp32_policy_has_no_bf16_op():
+    """Reference: hand count; precision=fp32 (parity, sharding tests) must compute every op in fp32."""
+    assert ops("fp32") == expected("float32")
