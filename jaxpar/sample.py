@@ -17,6 +17,18 @@ from jaxpar import data as data_lib
 from jaxpar.config import ConfigError, parse_value
 
 
+def sample_token(logits, temperature: float, top_k: int, key):
+    """One token id from (V,) logits: argmax when temperature <= 0, else a draw from
+    softmax(logits / temperature) restricted to the top_k largest logits (top_k <= 0: all)."""
+    if temperature <= 0:
+        return jnp.argmax(logits)
+    logits = logits / temperature
+    if top_k > 0:
+        kth = jnp.sort(logits)[-min(top_k, logits.shape[-1])]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    return jax.random.categorical(key, logits)
+
+
 def generate(cfg, params, prompt_ids: np.ndarray, max_new_tokens: int, temperature: float, top_k: int, seed: int,
              precision: str = "fp32") -> np.ndarray:
     from jaxpar.models import gpt2
@@ -35,16 +47,10 @@ def generate(cfg, params, prompt_ids: np.ndarray, max_new_tokens: int, temperatu
         buf = np.zeros(W, np.int32)
         buf[: len(window)] = window
         logits = next_logits(params, jnp.asarray(buf), len(window) - 1)
-        if temperature <= 0:
-            nxt = int(jnp.argmax(logits))
-        else:
-            logits = logits / temperature
-            if top_k > 0:
-                kth = jnp.sort(logits)[-min(top_k, logits.shape[-1])]
-                logits = jnp.where(logits < kth, -jnp.inf, logits)
+        sub = None
+        if temperature > 0:
             key, sub = jax.random.split(key)
-            nxt = int(jax.random.categorical(sub, logits))
-        ids.append(nxt)
+        ids.append(int(sample_token(logits, temperature, top_k, sub)))
     return np.asarray(ids, np.int32)
 
 
