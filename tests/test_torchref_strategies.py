@@ -218,3 +218,42 @@ def test_init_from_hf_dir_starts_from_those_weights(runner):
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     # Trained weights on a fresh batch order (seed=5) start well below the untrained 5.5.
     assert resumed.losses[0] < first.losses[0] - 0.5
+
+
+def greedy_buckets(sizes: list[int], cap: int) -> list[int]:
+    """DDP's documented bucketing, by hand: parameters in reverse registration order, a bucket
+    closes once it holds >= cap bytes."""
+    out, cur = [], 0
+    for s in reversed(sizes):
+        cur += s
+        if cur >= cap:
+            out.append(cur)
+            cur = 0
+    return out + ([cur] if cur else [])
+
+
+def test_ddp_bucket_mb_sets_the_buckets_and_keeps_the_gradient(runner):
+    """Reference: hand bucketing of gpt2-tiny's tensors (greedy_buckets; e.g. ln_f (1,024 B) + the
+    last mlp.c_proj (262,656 B) = 263,680 B closes the first 0.25 MiB bucket), the ring volume
+    2(N-1)/N·Ψ, and `single`'s step-1 gradient and losses (fp32 bounds of torchref/tolerances.py)."""
+    import transformers
+
+    from jaxpar.config import PRESETS
+    from jaxpar.models.hf import hf_config_dict
+
+    single = runner("strategy=single")
+    small = runner("strategy=distributed-ps", "workers=2", "ddp.bucket_mb=0.25")
+    default = runner("strategy=distributed-ps", "workers=2")  # ddp.bucket_mb=25 > Ψ: one bucket
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**hf_config_dict(PRESETS["gpt2-tiny"])))
+    sizes = [p.numel() * 4 for p in model.parameters()]
+    psi = sum(sizes)
+    assert psi == small.psi == 1_849_344
+    want = greedy_buckets(sizes, int(0.25 * 2**20))
+    assert want == [263_680, 264_192, 265_216, 263_680, 264_192, 265_216, 263_168]
+    # step 1 runs DDP's initial buckets (measured: one of Ψ); from step 2 on, the rebuilt ones
+    assert all(sum(r["ddp_bucket_bytes"]) == psi for r in small.rows)
+    assert [r["ddp_bucket_bytes"] for r in small.rows[1:]] == [want] * (STEPS - 1)
+    assert [r["ddp_bucket_bytes"] for r in default.rows] == [[psi]] * STEPS
+    assert all(r["bytes_sent"] == r["bytes_received"] == 2 * (2 - 1) * psi // 2 for r in small.rows)
+    assert loss_rel(small, single) <= LOSS_RTOL_FP32
+    assert grad_rel(small, single) <= GRAD_TOL_FP32

@@ -50,6 +50,9 @@ class Hooks:
     def bytes_this_step(self) -> tuple[int, int]:
         return 0, 0
 
+    def step_metrics(self) -> dict:  # strategy-specific fields of this step's metrics row
+        return {}
+
 
 def allreduce_train_loop(ctx: Context, worker: int, n: int, make_hooks: Callable[[torch.nn.Module], Hooks],
                          initial_weights: bool = True, **static) -> None:
@@ -89,8 +92,10 @@ def allreduce_train_loop(ctx: Context, worker: int, n: int, make_hooks: Callable
         dt = timer() - t0
         sent, received = hooks.bytes_this_step()
         totals.add(sent, received)
+        step_fields = hooks.step_metrics()  # taken on every rank (resets per-step state)
         if metrics:
             extra = {"loss_scale": float(scaler.get_scale())} if scaler else {}
+            extra.update(step_fields)
             metrics.log(step + 1, gl, dt, bytes_sent=sent, bytes_received=received, lr=lr, grad_norm=norm, **extra)
     if metrics:
         metrics.close()

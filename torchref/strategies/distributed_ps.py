@@ -10,6 +10,7 @@ when DDP wraps the model.
 
 Bytes: the comm hook below is `default_hooks.allreduce_hook` (DDP's documented Python twin of its
 built-in all-reduce: divide by N, all-reduce) plus a counter of the ring volume of each bucket.
+The metrics row of each step lists the buckets' sizes (`ddp_bucket_bytes`, in reduction order).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torchref.strategies.base import Hooks, Strategy, allreduce_train_loop
 class DDPHooks(Hooks):
     def __init__(self, ctx, model: torch.nn.Module):
         self.ctx, self.model, self.counter, self.n = ctx, model, ByteCounter(), ctx.world
+        self.buckets: list[int] = []  # bytes of each bucket reduced this step
 
     def wrap(self, model):
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -32,11 +34,12 @@ class DDPHooks(Hooks):
         dev = self.ctx.device
         ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None,
                   bucket_cap_mb=self.ctx.ref.ddp.bucket_mb, broadcast_buffers=False)
-        counter, n = self.counter, self.n
+        counter, n, buckets = self.counter, self.n, self.buckets
 
         def counting_allreduce(state, bucket):
             buf = bucket.buffer()
-            v = ring_volume(buf.numel() * buf.element_size(), n)
+            buckets.append(buf.numel() * buf.element_size())
+            v = ring_volume(buckets[-1], n)
             counter.add(v, v)
             return allreduce_hook(state, bucket)
 
@@ -50,6 +53,11 @@ class DDPHooks(Hooks):
 
     def bytes_this_step(self):
         return self.counter.take()
+
+    def step_metrics(self) -> dict:
+        sizes = list(self.buckets)
+        self.buckets.clear()
+        return {"ddp_bucket_bytes": sizes}
 
 
 class DistributedPS(Strategy):
