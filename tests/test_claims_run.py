@@ -72,7 +72,25 @@ def runs(tmp_path_factory):
             mp.undo()
         lines = len(records(root / "stopped"))
         resumed = train("stopped", "progress=plain", "resume=true")
-    return {"ref": ref, "stopped": (root / "stopped", first, resumed, lines), "data": prepared}
+        step1 = {s: step_one_loss(prepared, s) for s in (0, 1)}  # the run's step (cached compile)
+    return {"ref": ref, "stopped": (root / "stopped", first, resumed, lines), "data": prepared, "step1": step1}
+
+
+def step_one_loss(prepared: str, step_count: int) -> float:
+    """Loss of the train step on the initial weights and step 1's batch, with the state's step
+    counter set to `step_count` (it selects the dropout key)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxpar.models import gpt2
+    from jaxpar.train import build_trainer
+
+    cfg = resolve([*ARGS, f"data={prepared}"])
+    tr = build_trainer(cfg)
+    state = tr.init_state(gpt2.init_params(cfg.model, cfg.seed))
+    state["step"] = jax.device_put(jnp.int32(step_count), tr.state_shardings["step"])
+    x, y = data_lib.train_batch(data_lib.Dataset.open(prepared, 256, 32), 32, 4, cfg.seed, 0)
+    return float(tr.step_fn(state, tr.put_batch(x), tr.put_batch(y))[1]["loss"])
 
 
 def test_sigint_stops_at_step_boundary_with_checkpoint(runs):
@@ -97,7 +115,8 @@ def test_dropout_resume_is_bit_exact_and_restores_the_step(runs):
 def test_dropout_is_active_and_deterministic(runs):
     """Reference: HF transformers (eval mode: no dropout) on the initial weights and step 1's batch,
     and the closed form of inverted dropout (keep 0.9, scale 1/0.9). Determinism: the stopped
-    run's first 3 steps are an independent fresh run of the same config."""
+    run's first 3 steps are an independent fresh run of the same config, and the train step
+    recomputed outside the loop."""
     import jax
     import jax.numpy as jnp
 
@@ -105,6 +124,10 @@ def test_dropout_is_active_and_deterministic(runs):
 
     ref, stopped = records(runs["ref"][0]), records(runs["stopped"][0])
     assert [r["loss"] for r in stopped[:STOP_AT]] == [r["loss"] for r in ref[:STOP_AT]]
+    # the masks follow the state's step: same weights and batch, step counter 0 (= the run's
+    # step 1, bit for bit) vs 1 (other masks: another loss)
+    assert runs["step1"][0] == ref[0]["loss"]
+    assert abs(runs["step1"][1] - runs["step1"][0]) > 1e-4, runs["step1"]
     cfg = resolve(ARGS)
     ds = data_lib.Dataset.open(runs["data"], 256, 32)
     no_dropout = hf_mean_nll(hf_model(cfg.model, gpt2.init_params(cfg.model, cfg.seed)),

@@ -56,11 +56,24 @@ def test_run_dir_contents(trained):
 
 
 def test_eval_checkpoint_matches_contract(trained, tmp_path):
+    """Reference: HF transformers on the checkpoint's weights over windows k*64..k*64+64 of
+    val.bin, k = 0..4 (the contract in DESIGN.md), computed here by hand; then the same number
+    from a raw .bin and another batching."""
+    from claims_helpers import hf_mean_nll, hf_model
+
+    from jaxpar.commands import load_model
+    from jaxpar.data import load_tokens
+
     out, _ = trained
     r = run(["eval", f"checkpoint={out}", f"data={out / 'data'}", "eval.windows=5", "train.batch_size=2"])
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["tokens"] == 5 * 64
+    cfg, params = load_model(str(out))
+    val = np.asarray(load_tokens(str(out / "data" / "val.bin")), np.int64)
+    windows = [(val[k * 64:k * 64 + 64][None], val[k * 64 + 1:k * 64 + 65][None]) for k in range(5)]
+    want = hf_mean_nll(hf_model(cfg.model, params), windows)
+    assert abs(res["loss"] - want) <= 1e-5 * want, (res["loss"], want)
     assert abs(res["perplexity"] - np.exp(res["loss"])) < 1e-9 * res["perplexity"]
     # Same windows, batched differently and from a raw .bin file: the same mean loss.
     r2 = run(["eval", f"checkpoint={out}", f"data={out / 'data' / 'val.bin'}", "eval.windows=5", "train.batch_size=5"])
