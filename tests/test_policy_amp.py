@@ -33,7 +33,9 @@ def matmul_dtypes(prepared, tmp_path, *args):
     from torchref.runtime import Context, Job
 
     cfg, ref = resolve_ref(["model=gpt2-tiny", "train.seq_len=16", "train.batch_size=2", *args])
+    threads = torch.get_num_threads()
     ctx = Context(Job(cfg, ref, prepared, "", str(tmp_path)), rank=0, world=1)
+    torch.set_num_threads(threads)  # a worker's setting; keep this test process's own
     model = build_model(hf.hf_config_dict(cfg.model))
     seen = []
     for m in model.modules():
