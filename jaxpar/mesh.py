@@ -30,6 +30,7 @@ Design decisions (why, not what):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -311,3 +312,29 @@ def barrier(name: str, timeout_s: float = 600.0) -> None:
     if jax.process_count() == 1 or client is None:
         return
     client.wait_at_barrier(name, int(timeout_s * 1000))
+
+
+# ----------------------------------------------------------------------------- mesh + rules context
+
+
+@contextlib.contextmanager
+def mesh_and_rules(mesh, rules):
+    """Enter `mesh` and a logical-axis rules table together, for any Flax model:
+
+        with M.mesh_and_rules(mesh, S.model_rules(mesh_cfg)):
+            model = MyModel(rngs=nnx.Rngs(0))   # nnx.with_partitioning params land sharded
+
+    Inside: `jax.set_mesh(mesh)` (jit and Flax's eager sharding see the mesh), Flax's
+    `logical_axis_rules(pairs)` (nnx.with_partitioning names, `nnx.get_partition_spec`,
+    `flax.linen.with_logical_constraint` resolve by them), and jaxpar's own activation rules
+    (`jaxpar.logical.constrain`). `rules`: a dict (as `sharding.param_rules` returns) or Flax pairs.
+    Yields the pairs."""
+    import jax
+    from flax import linen
+
+    from jaxpar.logical import activation_rules
+    from jaxpar.sharding import to_flax_rules
+
+    pairs = to_flax_rules(rules)
+    with jax.set_mesh(mesh), linen.logical_axis_rules(pairs), activation_rules(mesh, dict(pairs)):
+        yield pairs

@@ -189,3 +189,42 @@ def put_global_batch(x: np.ndarray, sharding: NamedSharding):
 
     lo, hi = process_rows(sharding, x.shape)
     return jax.make_array_from_process_local_data(sharding, np.ascontiguousarray(x[lo:hi]), x.shape)
+
+
+# ----------------------------------------------------------------------------- Flax's rules form
+# Flax (linen and NNX alike) keeps one logical-axis-rules table as pairs, `((name, mesh axes), ...)`,
+# read by `nnx.with_partitioning` annotations (eager sharding, `nnx.get_partition_spec`) and by
+# `flax.linen.with_logical_constraint`. Two differences from our dicts decide the layout of the pairs:
+# * Flax passes a name it has no pair for through unchanged (it would then be taken for a mesh axis),
+#   so every logical name gets a pair, `None` meaning "not split".
+# * Activation constraints assign mesh axes in pair order, skipping a pair whose axes are taken, so
+#   `batch` comes first: an activation (batch, seq, embed) keeps the batch split over (data, fsdp) and
+#   leaves embed whole, as our `spec_for` does. Parameters have no batch dim and see only their pairs.
+
+LOGICAL_NAMES = ("batch", "seq", "embed", "heads", "head_dim", "mlp", "vocab", "layers")
+
+
+def to_flax_rules(rules, names=LOGICAL_NAMES) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
+    """A rules dict -> Flax's logical-axis-rules pairs, one pair per name in `names` (then any other
+    name of `rules`), in that order; names the dict does not map get `None`. A pairs tuple is
+    returned unchanged. Feed the result to `flax.linen.logical_axis_rules` / `nnx.logical_axis_rules`,
+    or use `jaxpar.mesh.mesh_and_rules`.
+
+        >>> to_flax_rules({"embed": "fsdp", "batch": ("data", "fsdp")}, names=("batch", "embed", "mlp"))
+        (('batch', ('data', 'fsdp')), ('embed', 'fsdp'), ('mlp', None))
+    """
+    if isinstance(rules, tuple):
+        return rules
+    order = list(names) + [k for k in rules if k not in names]
+    return tuple((k, rules.get(k)) for k in order)
+
+
+def model_rules(mc: MeshConfig) -> dict:
+    """One table for a model of your own under `mc`: the parameter rules plus the batch split of
+    the activations (`batch` -> data, fsdp). `to_flax_rules(model_rules(mc))` is its Flax form."""
+    return {"batch": BATCH_AXES, **param_rules(mc)}
+
+
+def flax_rules(mc: MeshConfig) -> tuple:
+    """`model_rules(mc)` in Flax's pairs form (see `to_flax_rules`)."""
+    return to_flax_rules(model_rules(mc))
