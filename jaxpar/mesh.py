@@ -6,6 +6,8 @@ mesh, emulate CPU devices, and join a multi-process job.
     m = M.build_mesh(MeshConfig(data=2, fsdp=2, tensor=2))      # exactly 8 devices, or ConfigError
     print(M.describe(m))                                        # device grid with process ids
     sh = M.logical_sharding(m, ("batch", "seq", "embed"), rules) # NamedSharding from logical names
+    with M.mesh_and_rules(m, S.model_rules(MeshConfig(**m.shape))):  # any Flax model: jax.set_mesh +
+        model = MyModel(rngs=nnx.Rngs(0))                       # Flax's logical_axis_rules (examples/08)
 
 Design decisions (why, not what):
 
