@@ -1,21 +1,70 @@
-"""Checkpoints with orbax: `<run>/ckpt/<step>/{params,opt_state,meta}`.
+"""Checkpoints with orbax: `<run>/ckpt/<step>/{params,opt_state,meta}`, and the one path
+that reads them back.
 
-Orbax writes each step into a temporary dir and renames it when complete, so
-`latest_step()` never returns a half-written checkpoint. Saves are synchronous:
-the step's donated buffers are reused right after, and CPU runs gain nothing from async.
-The data position and dropout RNG are pure functions of (seed, step), so `step` in
-`meta` is all a resumed run needs besides params and optimizer state.
+Writing. Orbax writes each step into a temporary dir and renames it when complete, so a
+half-written step is never listed. Saves are synchronous: the step's donated buffers are
+reused right after, and CPU runs gain nothing from async. The data position and dropout RNG
+are pure functions of (seed, step), so `step` in `meta` is all a resumed run needs besides
+params and optimizer state. `meta` also holds one checksum per array (`checksums`), because
+a zero-filled or bit-rotted data file can decode without any error from tensorstore.
+
+Reading (`restore`, used by train resume, eval, sample and convert). Params are stored in the
+model's canonical layout whatever wrote them: single device, data/fsdp/tensor sharding, a
+GPipe or circular pipeline (the pipeline re-lays the stacked `layers` dim out to stage order
+inside the step, never on disk) or several processes. Orbax reassembles each array from its
+shards and places it with the shardings of the abstract target it is given, so any
+checkpoint restores onto any mesh. (Restoring without shardings is what fails: orbax then
+tries to reuse the writer's device topology.) Steps are tried newest first; a step that
+cannot be read or fails its checksums is skipped with a one-line warning naming it, and a
+run with no readable step is a ConfigError (one `error:` line, exit 2).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
+import sys
+from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxpar.config import ConfigError
 
 CKPT_DIR = "ckpt"
+QUARANTINE_DIR = "ckpt.corrupt"  # resume moves unreadable steps here, out of orbax's sight
+
+
+# ----------------------------------------------------------------------------- checksums
+
+
+@jax.jit
+def _leaf_checksums(leaves: list) -> list:
+    """One uint32 per array: the wrapping sum of its elements' bit patterns. Integer addition
+    is associative, so the value is exact whatever the sharding or reduction order (a
+    checkpoint written on 8 devices checks against one restored on 1)."""
+    out = []
+    for x in leaves:
+        if x.dtype.itemsize == 4:
+            bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+        elif x.dtype.itemsize == 2:
+            bits = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+        else:  # bool / int8: the values themselves
+            bits = x.astype(jnp.uint32)
+        out.append(jnp.sum(bits, dtype=jnp.uint32))
+    return out
+
+
+def checksums(tree) -> list[int]:
+    """Checksums of the array leaves of `tree`, in tree-flatten order (all processes must call)."""
+    leaves = [x for x in jax.tree.leaves(tree) if hasattr(x, "dtype")]
+    return [int(np.asarray(c)) for c in _leaf_checksums(leaves)]
+
+
+# ----------------------------------------------------------------------------- writing
 
 
 class Checkpointer:
@@ -23,42 +72,147 @@ class Checkpointer:
         self.dir = os.path.abspath(os.path.join(run_dir, CKPT_DIR))
         opts = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
                                             enable_async_checkpointing=False)
-        self.mngr = ocp.CheckpointManager(self.dir, options=opts,
-                                          item_names=("params", "opt_state", "meta"))
+        # Handlers named up front (not just item names) so `item_metadata` can read the stored
+        # shapes before a restore.
+        handlers = {"params": ocp.StandardCheckpointHandler(), "opt_state": ocp.StandardCheckpointHandler(),
+                    "meta": ocp.JsonCheckpointHandler()}
+        self.mngr = ocp.CheckpointManager(self.dir, options=opts, item_handlers=handlers)
 
     def latest_step(self) -> int | None:
         return self.mngr.latest_step()
 
+    def steps(self) -> list[int]:
+        """Complete steps, newest first."""
+        return sorted(self.mngr.all_steps(), reverse=True)
+
     def save(self, step: int, state: dict, meta: dict) -> None:
-        items = {"params": ocp.args.StandardSave(state["params"]), "meta": ocp.args.JsonSave(meta)}
+        items = {"params": ocp.args.StandardSave(state["params"])}
+        sums = {"params": checksums(state["params"])}
         if state.get("opt_state") is not None:
             items["opt_state"] = ocp.args.StandardSave(state["opt_state"])
+            sums["opt_state"] = checksums(state["opt_state"])
+        items["meta"] = ocp.args.JsonSave({**meta, "checksums": sums})
         self.mngr.save(step, args=ocp.args.Composite(**items), force=True)
         self.mngr.wait_until_finished()
-
-    def restore(self, step: int, abstract_state: dict) -> tuple[dict, dict]:
-        """Full state (params, opt_state) placed with the shardings in `abstract_state`."""
-        r = self.mngr.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract_state["params"]),
-            opt_state=ocp.args.StandardRestore(abstract_state["opt_state"]),
-            meta=ocp.args.JsonRestore()))
-        return {"params": r["params"], "opt_state": r["opt_state"]}, dict(r["meta"])
-
-    def restore_params(self, step: int, abstract_params) -> tuple[dict, dict]:
-        r = self.mngr.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore()))
-        return r["params"], dict(r["meta"])
 
     def close(self) -> None:
         self.mngr.close()
 
 
-def open_existing(run_dir: str) -> tuple[Checkpointer, int]:
-    """Checkpointer over an existing run dir and its latest complete step, or ConfigError."""
+# ----------------------------------------------------------------------------- reading
+
+
+@dataclasses.dataclass
+class Restored:
+    step: int
+    params: Any
+    opt_state: Any | None  # None unless asked for
+    meta: dict
+
+
+def _one_line(e: BaseException, limit: int = 160) -> str:
+    """First line of an exception, shortened: tensorstore/orbax messages run to many lines."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    text = f"{type(e).__name__}: {first}" if first else type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_shapes(stored, target, item: str, where: str) -> None:
+    """ConfigError naming the first array whose stored shape differs from the model's:
+    a different model, not a damaged file, so no fallback to an older step."""
+    flat_s = dict(jax.tree_util.tree_flatten_with_path(stored)[0])
+    for path, t in jax.tree_util.tree_flatten_with_path(target)[0]:
+        s = flat_s.get(path)
+        name = f"{item}{jax.tree_util.keystr(path)}"
+        if s is None:
+            raise ConfigError(f"{where} has no {name} (the checkpoint does not match this model)")
+        if tuple(s.shape) != tuple(t.shape):
+            raise ConfigError(f"{where} holds {name} of shape {tuple(s.shape)} but the model needs "
+                              f"{tuple(t.shape)} (model.* differs from the run that wrote it)")
+
+
+class _Corrupt(Exception):
+    """A step whose bytes are wrong though orbax read them (checksum mismatch)."""
+
+
+def _restore_step(ck: Checkpointer, step: int, abstract_params, abstract_opt_state, where: str) -> Restored:
+    stored = ck.mngr.item_metadata(step)["params"]
+    if stored is None:
+        raise _Corrupt("params metadata missing")
+    # Params only: their paths are plain dict keys. (opt_state's optax tuples come back from
+    # the metadata with other key types; a mismatch there still fails the restore itself.)
+    _check_shapes(stored, abstract_params, "params", where)
+    items = {"params": ocp.args.StandardRestore(abstract_params), "meta": ocp.args.JsonRestore()}
+    if abstract_opt_state is not None:
+        items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
+    r = ck.mngr.restore(step, args=ocp.args.Composite(**items))
+    meta = dict(r["meta"])
+    want = meta.get("checksums", {})  # absent in checkpoints written before checksums existed
+    for item in ("params", "opt_state"):
+        if item in want and item in items and checksums(r[item]) != want[item]:
+            raise _Corrupt(f"{item} fail their checksums")
+    return Restored(int(meta.get("step", step)), r["params"], r.get("opt_state"), meta)
+
+
+def _warn(msg: str) -> None:
+    if jax.process_index() == 0:
+        print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _quarantine(run_dir: str, step: int) -> str:
+    """Move an unreadable step out of ckpt/ (process 0), so the resumed run can write that step
+    again; the bytes are kept for inspection. Returns the new location."""
+    dst = os.path.join(run_dir, QUARANTINE_DIR, str(step))
+    if jax.process_index() == 0:
+        if os.path.exists(dst):
+            shutil.rmtree(dst)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.move(os.path.join(run_dir, CKPT_DIR, str(step)), dst)
+    return dst
+
+
+def restore(run_dir: str, abstract_params, abstract_opt_state=None, quarantine: bool = False,
+            key: str = "checkpoint") -> Restored:
+    """The newest readable step of `run_dir`, placed with the shardings in the abstract targets
+    (trees of `jax.ShapeDtypeStruct(shape, dtype, sharding=...)`); opt_state only if its target
+    is given. Unreadable steps are skipped with a warning (and, with `quarantine`, moved to
+    `<run>/ckpt.corrupt/`). ConfigError when the run has no checkpoint, no readable step, or
+    its arrays do not fit the model. `key` names the CLI argument in messages."""
     if not os.path.isdir(os.path.join(run_dir, CKPT_DIR)):
-        raise ConfigError(f"checkpoint={run_dir!r} has no {CKPT_DIR}/ directory (not a jaxpar run dir)")
-    ck = Checkpointer(run_dir, create=False)
-    step = ck.latest_step()
-    if step is None:
-        raise ConfigError(f"checkpoint={run_dir!r} holds no complete checkpoint")
-    return ck, step
+        raise ConfigError(f"{key}={run_dir!r} has no {CKPT_DIR}/ directory (not a jaxpar run dir)")
+    try:
+        ck = Checkpointer(run_dir, create=False)
+    except Exception as e:  # noqa: BLE001 - orbax raises many types for an unreadable dir
+        raise ConfigError(f"{key}={run_dir!r}: cannot read {CKPT_DIR}/ ({_one_line(e)})") from None
+    tried: list[str] = []
+    skipped: list[int] = []
+    try:
+        steps = ck.steps()
+        if not steps:
+            raise ConfigError(f"{key}={run_dir!r} holds no complete checkpoint")
+        for i, step in enumerate(steps):
+            where = f"{key}={run_dir!r} step {step}"
+            try:
+                r = _restore_step(ck, step, abstract_params, abstract_opt_state, where)
+            except ConfigError:
+                raise
+            except Exception as e:  # noqa: BLE001 - tensorstore/orbax/json errors of a damaged step
+                reason = _one_line(e)
+                tried.append(f"{step} ({reason})")
+                nxt = f"trying step {steps[i + 1]}" if i + 1 < len(steps) else "no older step"
+                _warn(f"skipping unreadable checkpoint step {step} in {ck.dir}: {reason}; {nxt}")
+                skipped.append(step)
+                continue
+            break
+        else:
+            raise ConfigError(f"{key}={run_dir!r}: no readable checkpoint step (tried {'; '.join(tried)})")
+    finally:
+        ck.close()
+    if quarantine and skipped:  # only once a step was restored: a failed command writes nothing
+        for step in skipped:
+            _warn(f"moved unreadable step {step} to {_quarantine(run_dir, step)}")
+        if jax.process_count() > 1:
+            from jaxpar.mesh import barrier
+
+            barrier("jaxpar:ckpt-quarantine")
+    return r

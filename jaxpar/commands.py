@@ -69,38 +69,58 @@ def prepare(argv: list[str]) -> int:
     return 0
 
 
-def load_model(checkpoint: str = "", hf_dir: str = ""):
-    """(Config of the run or a default one, ModelConfig, numpy-or-jax params) from a run dir or HF dir."""
-    from jaxpar.models import gpt2, hf
-
-    if hf_dir:
-        mc, params = hf.load_hf(hf_dir)
-        return C.Config(model=mc, model_name=f"hf:{hf_dir}"), params
+def run_config(checkpoint: str) -> C.Config:
+    """The Config a run dir was trained with (its config.json), or ConfigError. No JAX."""
     try:
         with open(os.path.join(checkpoint, "config.json")) as f:
-            run_cfg = C.from_dict(json.load(f))
+            return C.from_dict(json.load(f))
     except FileNotFoundError:
         raise ConfigError(f"checkpoint={checkpoint!r} has no config.json (not a jaxpar run dir)") from None
     except (json.JSONDecodeError, TypeError, ConfigError):
         raise ConfigError(f"checkpoint={checkpoint!r}: config.json is corrupt") from None
-    from jaxpar.checkpoint import open_existing
 
-    ck, step = open_existing(checkpoint)
-    params, _ = ck.restore_params(step, gpt2.abstract_params(run_cfg.model))
-    ck.close()
-    return run_cfg, params
+
+def load_model(checkpoint: str = "", hf_dir: str = ""):
+    """(Config of the run or a default one, params) from a run dir or HF dir, on one device
+    (the first), whatever mesh wrote the checkpoint. For mesh placement see `jaxpar.infer`."""
+    from jaxpar.models import hf
+
+    if hf_dir:
+        mc, params = hf.load_hf(hf_dir)
+        return C.Config(model=mc, model_name=f"hf:{hf_dir}"), params
+    import jax
+
+    from jaxpar.checkpoint import restore
+    from jaxpar.models import gpt2
+
+    run_cfg = run_config(checkpoint)
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
+                            gpt2.abstract_params(run_cfg.model))
+    return run_cfg, restore(checkpoint, abstract).params
+
+
+def _inference_base(checkpoint: str, hf_dir: str) -> tuple[C.Config, dict | None]:
+    """Base config for eval/sample: the run's own (or the HF model's) with one device and exact
+    fp32 as defaults; `mesh.*`, `pipeline.*`, `precision` given by the user apply on top.
+    Host params too when loading an HF dir (a checkpoint is read after the devices exist)."""
+    if hf_dir:
+        from jaxpar.models import hf
+
+        mc, params = hf.load_hf(hf_dir)
+        return C.Config(model=mc, model_name=f"hf:{hf_dir}", precision="fp32"), params
+    return dataclasses.replace(run_config(checkpoint), mesh=C.MeshConfig(), precision="fp32"), None
 
 
 def evaluate(argv: list[str]) -> int:
-    """Loss over windows k*T..k*T+T of val.bin (or a .bin); prints {"loss","perplexity","tokens"}."""
+    """Loss over windows k*T..k*T+T of val.bin (or a .bin); prints {"loss","perplexity","tokens"}.
+    Runs on one device, or on the mesh given by `mesh.*` (through the pipeline if mesh.pipe > 1)."""
     import math
 
-    import jax
     import numpy as np
 
     from jaxpar import data as data_lib
     from jaxpar.cli import split_config_flag
-    from jaxpar.models import gpt2
 
     path, rest = split_config_flag(argv)
     kv = C.parse_kv(rest)
@@ -109,8 +129,7 @@ def evaluate(argv: list[str]) -> int:
         raise ConfigError("eval needs exactly one of checkpoint=<run dir> or hf=<dir>")
     if not data_arg:
         raise ConfigError("eval needs data=<prepared dir | .bin file>")
-    base, params = load_model(ckpt, hf_dir)
-    base = dataclasses.replace(base, precision="fp32")  # eval defaults to exact fp32
+    base, hf_params = _inference_base(ckpt, hf_dir)
     cfg = C.resolve_kv(kv, path, base)
     if os.path.isdir(data_arg):
         data_lib.read_meta(data_arg, cfg.model.vocab_size)
@@ -120,38 +139,50 @@ def evaluate(argv: list[str]) -> int:
     if int(tokens.max()) >= cfg.model.vocab_size:
         raise ConfigError(f"data={data_arg!r} holds token id {int(tokens.max())} >= model.vocab_size="
                           f"{cfg.model.vocab_size}")
-    T, B = cfg.train.seq_len, cfg.train.batch_size
+    T = cfg.train.seq_len
     xs, ys = data_lib.eval_windows(tokens, T, cfg.eval.windows)
+    _devices_for(cfg)
+    import jax
 
-    @jax.jit
-    def row_nll(p, x, y):  # (B, T) -> (B,) summed token NLL per window
-        logits = gpt2.forward(cfg.model, p, x, cfg.precision)
-        return gpt2.token_nll(logits, y).sum(-1)
+    from jaxpar import infer
 
+    runner = infer.build_runner(cfg)
+    params = runner.load(ckpt, hf_params)
+    row_nll = infer.make_row_nll(runner)
+    B = runner.cfg.train.batch_size
     total = 0.0
     for i in range(0, len(xs), B):
         x, y = xs[i:i + B], ys[i:i + B]
         n_rows = len(x)
         if n_rows < B:  # pad the last batch to the same shape (one compile); padded rows are dropped
             x, y = (np.concatenate([a, np.zeros((B - n_rows, T), a.dtype)]) for a in (x, y))
-        total += float(np.asarray(row_nll(params, x, y))[:n_rows].sum())
+        total += float(row_nll(params, x, y)[:n_rows].sum())
     n = int(xs.size)
     loss = total / n
-    print(json.dumps({"loss": loss, "perplexity": math.exp(loss), "tokens": n}))
+    if jax.process_index() == 0:
+        print(json.dumps({"loss": loss, "perplexity": math.exp(loss), "tokens": n}))
     return 0
 
 
+SAMPLE_KEYS = ("checkpoint", "prompt", "max_new_tokens", "temperature", "top_k", "seed")
+
+
 def sample(argv: list[str]) -> int:
+    """Generate from a run dir on one device, or on the mesh given by `mesh.*` / `pipeline.*`."""
+    kv = C.parse_kv(argv)
+    opts = {k: v for k, v in kv.items() if k in SAMPLE_KEYS}
+    over = {k: v for k, v in kv.items() if k not in SAMPLE_KEYS}
+    unknown = [k for k in over if not (k.startswith(("mesh.", "pipeline.")) or k == "precision")]
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))} (valid: {', '.join(sorted(SAMPLE_KEYS))}, "
+                          f"mesh.*, pipeline.*, precision)")
+    if not opts.get("checkpoint"):
+        raise ConfigError("sample needs checkpoint=<run dir>")
+    base, _ = _inference_base(opts["checkpoint"], "")
+    cfg = C.resolve_kv(over, None, base)
     from jaxpar.sample import run_sample
 
-    kv = C.parse_kv(argv)
-    known = {"checkpoint", "prompt", "max_new_tokens", "temperature", "top_k", "seed"}
-    unknown = set(kv) - known
-    if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))} (valid: {', '.join(sorted(known))})")
-    if not kv.get("checkpoint"):
-        raise ConfigError("sample needs checkpoint=<run dir>")
-    return run_sample(kv)
+    return run_sample(opts, cfg)
 
 
 def convert(argv: list[str]) -> int:

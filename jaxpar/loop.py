@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from jaxpar import data as data_lib
-from jaxpar.checkpoint import Checkpointer
+from jaxpar.checkpoint import Checkpointer, restore
 from jaxpar.config import Config, ConfigError, dumps, validate
 from jaxpar.mesh import resolve_mesh_config
 from jaxpar.metrics import METRICS_FILE, MetricsLogger, truncate_after
@@ -108,16 +108,18 @@ def run_train(cfg: Config) -> int:
             f.write(dumps(cfg))
 
     trainer = build_trainer(cfg)
-    ckpt = Checkpointer(cfg.out)
-    if resume_step is not None:
-        restored, meta = ckpt.restore(resume_step, trainer.abstract_state())
-        state = {"step": jax.device_put(np.int32(meta["step"]), trainer.state_shardings["step"]), **restored}
-        start = int(meta["step"])
+    if resume_step is not None:  # the newest intact step, resharded onto this mesh; damaged ones skipped
+        target = trainer.abstract_state()
+        r = restore(cfg.out, target["params"], target["opt_state"], quarantine=True, key="out")
+        state = {"step": jax.device_put(np.int32(r.step), trainer.state_shardings["step"]),
+                 "params": r.params, "opt_state": r.opt_state}
+        start = r.step
         if is_main:
             truncate_after(os.path.join(cfg.out, METRICS_FILE), start)
     else:
         params = init_params if init_params is not None else gpt2.init_params(cfg.model, cfg.seed)
         state, start = trainer.init_state(params), 0
+    ckpt = Checkpointer(cfg.out)
 
     tokens_per_step = tc.batch_size * tc.seq_len
     flops_tok = cfg.model.flops_per_token(tc.seq_len)

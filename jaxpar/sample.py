@@ -1,13 +1,17 @@
-"""`jaxpar sample`: autoregressive generation from a run's checkpoint.
+"""`jaxpar sample`: autoregressive generation from a run's checkpoint, on one device or a mesh.
 
 No KV cache: each new token re-runs the model on a fixed (1, W) buffer, W = prompt +
 max_new_tokens capped at n_positions, so there is one compile. Causal attention makes
-the padding after position i irrelevant to the logits at i.
+the padding after position i irrelevant to the logits at i. On a mesh the buffer is
+repeated to one row per data replica / pipeline microbatch (`infer.make_next_logits`); the
+sampling itself (temperature, top-k, the PRNG draw) runs on the host's first device from the
+logits of row 0, so a fixed seed gives the same tokens on any mesh.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -30,23 +34,23 @@ def sample_token(logits, temperature: float, top_k: int, key):
 
 
 def generate(cfg, params, prompt_ids: np.ndarray, max_new_tokens: int, temperature: float, top_k: int, seed: int,
-             precision: str = "fp32") -> np.ndarray:
+             precision: str = "fp32", next_logits: Callable | None = None) -> np.ndarray:
+    """Prompt + `max_new_tokens` sampled ids. `next_logits(params, buf (W,), pos) -> (V,)`
+    defaults to the plain model on the default device (`infer.make_next_logits` for a mesh)."""
     from jaxpar.models import gpt2
 
     mc = cfg.model
     W = min(mc.n_positions, len(prompt_ids) + max_new_tokens)
     ids = list(int(i) for i in prompt_ids)
-
-    @jax.jit
-    def next_logits(p, buf, pos):
-        return gpt2.forward(mc, p, buf[None], precision)[0, pos]
+    if next_logits is None:
+        next_logits = jax.jit(lambda p, buf, pos: gpt2.forward(mc, p, buf[None], precision)[0, pos])
 
     key = jax.random.PRNGKey(seed)
     for _ in range(max_new_tokens):
         window = ids[-W:]
         buf = np.zeros(W, np.int32)
         buf[: len(window)] = window
-        logits = next_logits(params, jnp.asarray(buf), len(window) - 1)
+        logits = jnp.asarray(np.asarray(next_logits(params, buf, len(window) - 1)))
         sub = None
         if temperature > 0:
             key, sub = jax.random.split(key)
@@ -54,11 +58,12 @@ def generate(cfg, params, prompt_ids: np.ndarray, max_new_tokens: int, temperatu
     return np.asarray(ids, np.int32)
 
 
-def run_sample(kv: dict) -> int:
-    from jaxpar.commands import load_model
+def run_sample(kv: dict, cfg) -> int:
+    """kv: the sample options (checkpoint, prompt, ...); cfg: the run's config with the user's
+    mesh / pipeline / precision overrides (validated, devices not yet set up)."""
+    from jaxpar.commands import _devices_for
 
     run = kv["checkpoint"]
-    cfg, params = load_model(run)
     prepared = os.path.join(run, "data") if data_lib.is_prepared(os.path.join(run, "data")) else cfg.data
     if not prepared or not data_lib.is_prepared(prepared):
         raise ConfigError(f"checkpoint={run!r}: cannot find the tokenizer (no prepared data in {run}/data)")
@@ -73,6 +78,13 @@ def run_sample(kv: dict) -> int:
     ids = tok.encode(prompt)
     if len(ids) == 0:
         ids = tok.encode("\n")
-    out = generate(cfg, params, ids, n, temp, top_k, seed)
-    print(tok.decode(out))
+    _devices_for(cfg)
+    from jaxpar import infer
+
+    runner = infer.build_runner(cfg, min_batch=True)
+    params = runner.load(run)
+    W = min(cfg.model.n_positions, len(ids) + n)
+    out = generate(runner.cfg, params, ids, n, temp, top_k, seed, next_logits=infer.make_next_logits(runner, W))
+    if jax.process_index() == 0:
+        print(tok.decode(out))
     return 0

@@ -339,8 +339,10 @@ def outer_activation_rules(cfg: Config, mesh) -> dict:
     return rules
 
 
-def make_pipeline_loss_fn(cfg: Config, mesh) -> Callable:
-    """(params, inputs (B,T), targets (B,T), key|None) -> mean fp32 loss, blocks pipelined over `pipe`."""
+def _pipeline_model(cfg: Config, mesh) -> tuple[dict, Callable]:
+    """(outer activation rules, run) with run(params, inputs (B,T), key|None, remat) -> (GPT2
+    model, (B,T,D) block outputs): embedding, then the blocks pipelined over `pipe`. Callers
+    apply the head (loss for training, logits for eval and sample) inside the same rules."""
     from jaxpar import sharding as shd
 
     S = mesh.shape["pipe"]
@@ -348,22 +350,45 @@ def make_pipeline_loss_fn(cfg: Config, mesh) -> Callable:
         cfg.mesh, **{a: mesh.shape[a] for a in ("data", "fsdp", "tensor", "pipe")}))
     layout = make_layout(check_pipeline(pipe_cfg, S, warn=False), S, cfg.pipeline.repeats)
     policy, mc, M = get_policy(cfg.precision), cfg.model, cfg.pipeline.microbatches
-    rules = outer_activation_rules(pipe_cfg, mesh)
     block_rules = shd.block_group_rules(pipe_cfg.mesh, cfg.sharding.replicate)
 
-    def loss(params, inputs, targets, key):
+    def run(params, inputs, key, remat):
         k_embed = k_blocks = None
         if key is not None:
             k_embed, k_blocks = jax.random.split(key)
+        model = gpt2.GPT2(mc, params, policy, vocab_chunks=cfg.train.vocab_chunks)
+        x = model.embed(inputs, k_embed)
+        w = to_stage_layout(params["h"], layout)
+        y = pipeline_blocks(mc, policy, mesh, layout, w, x, M, block_rules, k_blocks, remat=remat,
+                            mlp_chunks=cfg.train.mlp_chunks)
+        return model, y
+
+    return outer_activation_rules(pipe_cfg, mesh), run
+
+
+def make_pipeline_loss_fn(cfg: Config, mesh) -> Callable:
+    """(params, inputs (B,T), targets (B,T), key|None) -> mean fp32 loss, blocks pipelined over `pipe`."""
+    rules, run = _pipeline_model(cfg, mesh)
+
+    def loss(params, inputs, targets, key):
         with activation_rules(mesh, rules):
-            model = gpt2.GPT2(mc, params, policy, vocab_chunks=cfg.train.vocab_chunks)
-            x = model.embed(inputs, k_embed)
-            w = to_stage_layout(params["h"], layout)
-            y = pipeline_blocks(mc, policy, mesh, layout, w, x, M, block_rules, k_blocks, remat=True,
-                                mlp_chunks=cfg.train.mlp_chunks)
+            model, y = run(params, inputs, key, True)
             return model.loss(y, targets)
 
     return loss
+
+
+def make_pipeline_logits_fn(cfg: Config, mesh) -> Callable:
+    """(params, inputs (B,T)) -> fp32 logits (B,T,V), blocks pipelined over `pipe` (eval, sample).
+    B must split into pipeline.microbatches per data-parallel replica, as in training."""
+    rules, run = _pipeline_model(cfg, mesh)
+
+    def logits(params, inputs):
+        with activation_rules(mesh, rules):
+            model, y = run(params, inputs, None, False)
+            return model.head(y)
+
+    return logits
 
 
 def describe(cfg: Config, S: int) -> dict[str, Any]:
