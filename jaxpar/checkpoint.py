@@ -154,6 +154,24 @@ def _restore_step(ck: Checkpointer, step: int, abstract_params, abstract_opt_sta
     return Restored(int(meta.get("step", step)), r["params"], r.get("opt_state"), meta)
 
 
+def _drop_orphaned_read_errors() -> None:
+    """After a failed restore, tensorstore reads of the step's other arrays are still in flight;
+    orbax has already closed the event loop they report to, so each completion raises
+    RuntimeError('Event loop is closed') inside a callback and Python prints it as an
+    unraisable-exception traceback. Those reads' results are unwanted: drop exactly that error
+    (for the rest of the process, as the callbacks can fire late) and pass on anything else."""
+    prev = sys.unraisablehook
+    if getattr(prev, "_jaxpar_filter", False):
+        return
+
+    def hook(u):
+        if not (isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"):
+            prev(u)
+
+    hook._jaxpar_filter = True
+    sys.unraisablehook = hook
+
+
 def _warn(msg: str) -> None:
     if jax.process_index() == 0:
         print(f"warning: {msg}", file=sys.stderr, flush=True)
@@ -184,35 +202,33 @@ def restore(run_dir: str, abstract_params, abstract_opt_state=None, quarantine: 
         ck = Checkpointer(run_dir, create=False)
     except Exception as e:  # noqa: BLE001 - orbax raises many types for an unreadable dir
         raise ConfigError(f"{key}={run_dir!r}: cannot read {CKPT_DIR}/ ({_one_line(e)})") from None
-    tried: list[str] = []
-    skipped: list[int] = []
+    failed: list[tuple[int, str]] = []  # (step, one-line reason) per unreadable step
     try:
         steps = ck.steps()
         if not steps:
             raise ConfigError(f"{key}={run_dir!r} holds no complete checkpoint")
-        for i, step in enumerate(steps):
+        for step in steps:
             where = f"{key}={run_dir!r} step {step}"
             try:
                 r = _restore_step(ck, step, abstract_params, abstract_opt_state, where)
             except ConfigError:
                 raise
             except Exception as e:  # noqa: BLE001 - tensorstore/orbax/json errors of a damaged step
-                reason = _one_line(e)
-                tried.append(f"{step} ({reason})")
-                nxt = f"trying step {steps[i + 1]}" if i + 1 < len(steps) else "no older step"
-                _warn(f"skipping unreadable checkpoint step {step} in {ck.dir}: {reason}; {nxt}")
-                skipped.append(step)
+                _drop_orphaned_read_errors()
+                failed.append((step, _one_line(e)))
                 continue
             break
-        else:
-            raise ConfigError(f"{key}={run_dir!r}: no readable checkpoint step (tried {'; '.join(tried)})")
+        else:  # nothing readable: the one error line lists every step's reason, no warnings
+            tried = "; ".join(f"{step} ({why})" for step, why in failed)
+            raise ConfigError(f"{key}={run_dir!r}: no readable checkpoint step (tried {tried})")
     finally:
         ck.close()
-    if quarantine and skipped:  # only once a step was restored: a failed command writes nothing
-        for step in skipped:
-            _warn(f"moved unreadable step {step} to {_quarantine(run_dir, step)}")
-        if jax.process_count() > 1:
-            from jaxpar.mesh import barrier
+    for step, why in failed:  # never silently: one line per skipped step, naming it
+        # quarantine only once a step was restored: a command that fails writes nothing
+        moved = f"; moved it to {_quarantine(run_dir, step)}" if quarantine else ""
+        _warn(f"skipped unreadable checkpoint step {step} in {ck.dir} ({why}); using step {r.step}{moved}")
+    if quarantine and failed and jax.process_count() > 1:
+        from jaxpar.mesh import barrier
 
-            barrier("jaxpar:ckpt-quarantine")
+        barrier("jaxpar:ckpt-quarantine")
     return r
