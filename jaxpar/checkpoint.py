@@ -155,11 +155,11 @@ def _restore_step(ck: Checkpointer, step: int, abstract_params, abstract_opt_sta
 
 
 def _drop_orphaned_read_errors() -> None:
-    """After a failed restore, tensorstore reads of the step's other arrays are still in flight;
+    """When a restore fails, tensorstore reads of the step's other arrays are still in flight;
     orbax has already closed the event loop they report to, so each completion raises
     RuntimeError('Event loop is closed') inside a callback and Python prints it as an
     unraisable-exception traceback. Those reads' results are unwanted: drop exactly that error
-    (for the rest of the process, as the callbacks can fire late) and pass on anything else."""
+    (for the rest of the process, as the callbacks can fire at any time) and pass on the rest."""
     prev = sys.unraisablehook
     if getattr(prev, "_jaxpar_filter", False):
         return
@@ -203,6 +203,7 @@ def restore(run_dir: str, abstract_params, abstract_opt_state=None, quarantine: 
     except Exception as e:  # noqa: BLE001 - orbax raises many types for an unreadable dir
         raise ConfigError(f"{key}={run_dir!r}: cannot read {CKPT_DIR}/ ({_one_line(e)})") from None
     failed: list[tuple[int, str]] = []  # (step, one-line reason) per unreadable step
+    _drop_orphaned_read_errors()  # before any read: the callbacks can fire before an except clause runs
     try:
         steps = ck.steps()
         if not steps:
@@ -214,7 +215,6 @@ def restore(run_dir: str, abstract_params, abstract_opt_state=None, quarantine: 
             except ConfigError:
                 raise
             except Exception as e:  # noqa: BLE001 - tensorstore/orbax/json errors of a damaged step
-                _drop_orphaned_read_errors()
                 failed.append((step, _one_line(e)))
                 continue
             break
