@@ -18,8 +18,8 @@ USAGE = """usage: jaxpar <command> [--config FILE.yaml] [key=value ...]
 commands:
   train     train GPT-2 (model=, data=, mesh.*=, pipeline.*=, train.*=, precision=, out=, resume=, init=, plan=)
   prepare   tokenize text: input=<file|folder> out=<dir> tokenizer=<byte|bpe|GPT-2 tokenizer dir>
-  eval      loss/perplexity: (checkpoint=<run dir> | hf=<dir>) data=<prepared dir | .bin>
-  sample    generate: checkpoint=<run dir> prompt="..." max_new_tokens= temperature= top_k= seed=
+  eval      loss/perplexity: (checkpoint=<run dir> | hf=<dir>) data=<prepared dir | .bin> [mesh.*= pipeline.*=]
+  sample    generate: checkpoint=<run dir> prompt="..." max_new_tokens= temperature= top_k= seed= [mesh.*= pipeline.*=]
   convert   hf=<dir> out=<run dir>  |  checkpoint=<run dir> to_hf=<dir>
   plot      run=<run dir>: PNG of loss and tokens/s
   mesh      print devices, processes and the resolved mesh (mesh.*=)

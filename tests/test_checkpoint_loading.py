@@ -140,3 +140,24 @@ def test_eval_rejects_a_mesh_that_does_not_fit(lab):
     r = run(["eval", f"checkpoint={lab.run_dir('fsdp_tensor')}", f"data={lab.data}", "mesh.tensor=3"])
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == "error: model.n_head=2 is not divisible by mesh.tensor=3"
+
+
+@pytest.mark.slow
+def test_example_09_parallel_then_eval(tmp_path):
+    """examples/09: train on 8 devices, then eval (1 device, training mesh, pipeline), sample, export."""
+    import os
+    import subprocess
+
+    from cli_helpers import clean_env
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run(["bash", os.path.join(root, "examples", "09_parallel_then_eval.sh"), str(tmp_path / "o")],
+                       env=clean_env(STEPS="20"), capture_output=True, text=True, timeout=900, cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    one = got["eval_one_device"]
+    assert 2.0 < one < 4.5  # 20 steps of gpt2-tiny: well below ln(256) = 5.55
+    assert _rel(got["eval_training_mesh"], one) <= TOL and _rel(got["eval_pipeline"], one) <= TOL
+    assert _rel(got["transformers"], one) <= HF_TOL
+    assert got["same_sample"] is True
+    assert any(ln.startswith("ROMEO:") for ln in r.stdout.splitlines())
