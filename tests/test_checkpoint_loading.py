@@ -138,6 +138,7 @@ def test_eval_and_sample_on_a_mesh_the_run_never_used(lab):
     assert out == lab.sample("single")
 
 
+@pytest.mark.slow
 def test_eval_rejects_a_mesh_that_does_not_fit(lab):
     r = run(["eval", f"checkpoint={lab.run_dir('fsdp_tensor')}", f"data={lab.data}", "mesh.tensor=3"])
     assert r.returncode == 2 and r.stdout == ""
