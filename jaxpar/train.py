@@ -183,14 +183,6 @@ def _forward(cfg: Config, mesh, params, inputs):
 
 # ----------------------------------------------------------------------------- metrics helpers
 
-# Dense peak FLOP/s per device: (bf16, fp32). GPU fp32 is the non-tensor-core figure.
-PEAK_FLOPS = {
-    "a100": (312e12, 19.5e12),
-    "h100": (989e12, 67e12),
-    "h200": (989e12, 67e12),
-}
-
-
 @functools.cache
 def measured_cpu_peak() -> float:
     """Peak FLOP/s of this CPU backend (all cores): the fastest of 10 timed 1024^3 fp32 matmuls.
@@ -209,13 +201,15 @@ def measured_cpu_peak() -> float:
 
 
 def device_peak_flops(cfg: Config) -> float:
-    """Per-device peak for MFU: `device_peak_flops` if set, else the table, else measured (CPU)."""
+    """Per-device peak for MFU: `device_peak_flops` if set, else the planner's device table (dense
+    bf16, or the non-tensor-core fp32 figure), else measured (CPU)."""
+    from jaxpar.planner.devices import spec_for_device_kind
+
     if cfg.device_peak_flops > 0:
         return cfg.device_peak_flops
-    kind = jax.devices()[0].device_kind.lower()
-    for name, (bf16, fp32) in PEAK_FLOPS.items():
-        if name in kind:
-            return bf16 if cfg.precision == "bf16" else fp32
+    spec = spec_for_device_kind(jax.devices()[0].device_kind)
+    if spec is not None:
+        return spec.peak_flops if cfg.precision == "bf16" else spec.peak_flops_fp32
     return measured_cpu_peak() / max(len(jax.devices()), 1) if jax.devices()[0].platform == "cpu" else math.nan
 
 

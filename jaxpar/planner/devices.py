@@ -67,6 +67,21 @@ DEVICES: dict[str, DeviceSpec] = {
                        hbm_bandwidth=4.8e12),
 }
 
+
+
+def spec_for_device_kind(kind: str) -> DeviceSpec | None:
+    """The row for a JAX `device.device_kind` ("NVIDIA A100-SXM4-40GB", "NVIDIA H100 80GB HBM3",
+    "NVIDIA H200"): matched by family (the name before "-"), then by the memory suffix when a family
+    has several rows (a100-80g <-> "80GB"). None when no GPU row matches: the `cpu` row describes
+    the calibration host, not whatever CPU this is (train measures that one)."""
+    k = kind.lower()
+    rows = [s for n, s in DEVICES.items() if n != "cpu" and n.split("-")[0] in k]
+    for s in rows:
+        if "-" in s.name and s.name.split("-")[1] + "b" in k:
+            return s
+    return rows[0] if rows else None
+
+
 _ZERO_OK = ("mem_bandwidth", "knee_rows", "knee_cols", "hbm_bandwidth")  # fields where 0 switches a term off
 
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
