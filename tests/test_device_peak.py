@@ -37,3 +37,16 @@ def test_train_peak_reads_the_planner_table(monkeypatch):
     assert device_peak_flops(resolve(["precision=fp32"])) == 50e12
     _fake_gpu(monkeypatch, "NVIDIA A100-SXM4-40GB")
     assert device_peak_flops(resolve(["precision=bf16"])) == 312e12
+
+
+@pytest.mark.parametrize("kind,row", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA A100-SXM4-40GB", "a100-40g"),
+                                      ("NVIDIA A100 80GB PCIe", "a100-80g"), ("NVIDIA L4", "h100")])
+def test_plan_auto_on_a_gpu_uses_the_same_row(monkeypatch, kind, row):
+    """`train plan=auto` on a GPU host plans for the row MFU uses (an unknown GPU: h100)."""
+    from jaxpar.planner import apply
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.setattr(apply, "_has_gpu_plugin", lambda: True)
+    _fake_gpu(monkeypatch, kind)
+    monkeypatch.setattr(jax, "device_count", lambda *a: 4)
+    assert apply.devices_at_hand(resolve([])) == (4, row)

@@ -16,10 +16,8 @@ import os
 import re
 
 from jaxpar.config import Config, ConfigError, apply_overrides, validate
+from jaxpar.planner.devices import spec_for_device_kind
 from jaxpar.planner.plan import Plan, load_plan, plan_auto, plan_to_overrides
-
-_KINDS = (("h200", "h200"), ("h100", "h100"), ("a100-sxm4-40", "a100-40g"), ("a100-pcie-40", "a100-40g"),
-          ("a100", "a100-80g"))
 
 
 def _has_gpu_plugin() -> bool:
@@ -41,8 +39,8 @@ def devices_at_hand(cfg: Config, plan: Plan | None = None) -> tuple[int, str]:
     if _has_gpu_plugin():
         import jax
 
-        kind = jax.devices()[0].device_kind.lower().replace(" ", "-")
-        return jax.device_count(), next((k for key, k in _KINDS if key in kind), "h100")
+        spec = spec_for_device_kind(jax.devices()[0].device_kind)
+        return jax.device_count(), spec.name if spec is not None else "h100"
     return (plan.devices if plan is not None else 1), "cpu"
 
 
