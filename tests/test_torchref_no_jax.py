@@ -27,7 +27,7 @@ def _run_watched(tmp_path, monkeypatch, strategy: str, workers: int) -> tuple[li
 
     marks = tmp_path / "marks"
     marks.mkdir()
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([HOOK, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (HOOK, os.environ.get("PYTHONPATH")) if p))
     monkeypatch.setenv("JAXFREE_DIR", str(marks))
     monkeypatch.setenv("JAXFREE_WATCH", "torchref/zygote.py,torchref/worker.py")
     monkeypatch.setenv("JAXFREE_FORBID", "jax,jaxlib")
