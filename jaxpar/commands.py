@@ -24,13 +24,10 @@ def _parse(argv: list[str]) -> C.Config:
 
 
 def _devices_for(cfg: C.Config) -> None:
-    """Before JAX initialises: on CPU, emulate the host devices the mesh needs (mesh size /
-    process count per process; GPUs ignore the flag), then join a multi-process job when
-    launched by `jaxpar launch`, mpiexec or SLURM."""
+    """`jaxpar.mesh.setup_devices` for cfg's mesh (before JAX initialises)."""
     from jaxpar import mesh
 
-    mesh.emulate_devices_for(cfg.mesh)
-    mesh.maybe_initialize_distributed()
+    mesh.setup_devices(cfg.mesh)
 
 
 def train(argv: list[str], dry_run: bool = False) -> int:

@@ -301,6 +301,14 @@ def maybe_initialize_distributed() -> dict | None:
         raise SystemExit(3) from None
 
 
+def setup_devices(mc: MeshConfig) -> None:
+    """Before JAX initialises: on CPU, emulate the host devices the mesh needs (mesh size /
+    process count per process; GPUs ignore the flag), then join a multi-process job when
+    launched by `jaxpar launch`, mpiexec or SLURM. Every command that runs a model calls this."""
+    emulate_devices_for(mc)
+    maybe_initialize_distributed()
+
+
 def barrier(name: str, timeout_s: float = 600.0) -> None:
     """Wait (up to `timeout_s`) until every process reaches `name`; no-op single-process.
 

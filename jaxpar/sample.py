@@ -61,7 +61,7 @@ def generate(cfg, params, prompt_ids: np.ndarray, max_new_tokens: int, temperatu
 def run_sample(kv: dict, cfg) -> int:
     """kv: the sample options (checkpoint, prompt, ...); cfg: the run's config with the user's
     mesh / pipeline / precision overrides (validated, devices not yet set up)."""
-    from jaxpar.commands import _devices_for
+    from jaxpar.mesh import setup_devices
 
     run = kv["checkpoint"]
     prepared = os.path.join(run, "data") if data_lib.is_prepared(os.path.join(run, "data")) else cfg.data
@@ -78,7 +78,7 @@ def run_sample(kv: dict, cfg) -> int:
     ids = tok.encode(prompt)
     if len(ids) == 0:
         ids = tok.encode("\n")
-    _devices_for(cfg)
+    setup_devices(cfg.mesh)
     from jaxpar import infer
 
     runner = infer.build_runner(cfg, min_batch=True)
