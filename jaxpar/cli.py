@@ -65,18 +65,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
-        print(f"error: unknown command {cmd!r} (choose from {', '.join(COMMANDS)})", file=sys.stderr)
+        _error_line(f"unknown command {cmd!r} (choose from {', '.join(COMMANDS)})")
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     module, func = COMMANDS[cmd].split(":")
     try:
         return int(getattr(importlib.import_module(module), func)(rest) or 0)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _error_line(str(e))
         return 2
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        _error_line("interrupted")
         return 130
+
+
+def _error_line(msg: str) -> None:
+    """One write per line: under PYTHONUNBUFFERED, print() writes the text and its newline
+    separately, and two processes sharing a stderr then join their lines."""
+    sys.stderr.write(f"error: {msg}\n")
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":

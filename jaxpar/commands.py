@@ -31,7 +31,11 @@ def _devices_for(cfg: C.Config) -> None:
 
 
 def train(argv: list[str], dry_run: bool = False) -> int:
-    cfg = _parse(argv)
+    from jaxpar.cli import split_config_flag
+    from jaxpar.rundir import resolve_train
+
+    path, rest = split_config_flag(argv)
+    cfg = resolve_train(C.parse_kv(rest), path)  # resume=true: the run's own config.json + these keys
     if cfg.plan:
         from jaxpar.planner.apply import apply_plan  # noqa: PLC0415
 
@@ -60,7 +64,7 @@ def prepare(argv: list[str]) -> int:
     if "out" not in kv:
         raise ConfigError("prepare needs out=<dir>")
     src = kv.get("input", "")
-    text = data.builtin_text() if not src else data.read_text(src)
+    text = data.builtin_text() if not src else data.read_input(src)
     meta = data.prepare(text, kv["out"], kv.get("tokenizer", "byte"), source=src or data.BUILTIN_CORPUS)
     print(json.dumps(meta))
     return 0
@@ -156,6 +160,8 @@ def evaluate(argv: list[str]) -> int:
         total += float(row_nll(params, x, y)[:n_rows].sum())
     n = int(xs.size)
     loss = total / n
+    if not math.isfinite(loss):
+        raise ConfigError(f"the loss of {ckpt or hf_dir!r} on data={data_arg!r} is {loss}: the weights are not usable")
     if jax.process_index() == 0:
         print(json.dumps({"loss": loss, "perplexity": math.exp(loss), "tokens": n}))
     return 0
@@ -186,9 +192,12 @@ def convert(argv: list[str]) -> int:
     from jaxpar.models import hf
 
     kv = C.parse_kv(argv)
+    from jaxpar.rundir import check_writable
+
     if set(kv) == {"hf", "out"}:
         from jaxpar.checkpoint import Checkpointer
 
+        check_writable(kv["out"], "out")
         if os.path.isdir(kv["out"]) and os.listdir(kv["out"]):
             raise ConfigError(f"out={kv['out']!r} is not empty")
         mc, params = hf.load_hf(kv["hf"])
@@ -202,6 +211,7 @@ def convert(argv: list[str]) -> int:
         print(f"converted {kv['hf']} -> {kv['out']} ({mc.num_params():,} params)")
         return 0
     if set(kv) == {"checkpoint", "to_hf"}:
+        check_writable(kv["to_hf"], "to_hf")
         if os.path.isdir(kv["to_hf"]) and os.listdir(kv["to_hf"]):
             raise ConfigError(f"to_hf={kv['to_hf']!r} is not empty")
         cfg, params = load_model(kv["checkpoint"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields, replace
@@ -93,6 +94,9 @@ class TrainConfig:
     eval_batches: int = 8
     ckpt_every: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
     log_every: int = 1  # console lines every N steps (metrics.jsonl gets every step)
+    # A step whose loss or gradient norm is not finite is never applied; by default the run then
+    # stops (exit 2). true: skip that batch and go on (counted as `nonfinite_skipped` in metrics).
+    skip_nonfinite: bool = False
     # none | selective (recompute the attention core: scores, softmax, probs·V) | full (recompute
     # each block); true/false are accepted as full/none
     remat: str = "none"
@@ -171,8 +175,10 @@ def parse_value(tp: Any, raw: Any, key: str) -> Any:
             if tp is int and isinstance(raw, str) and raw.strip().lower().endswith(("e", "e+")):
                 raise ValueError
             v = float(raw) if tp is float else int(str(raw).replace("_", ""))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"{key}={raw!r} is not a{'n integer' if tp is int else ' number'}") from None
+        if tp is float and not math.isfinite(v):  # nan/inf parse as floats but make no setting meaningful
+            raise ConfigError(f"{key}={raw!r} is not a finite number")
         return v
     return str(raw)
 
@@ -247,6 +253,10 @@ def load_yaml(path: str) -> dict[str, Any]:
             doc = yaml.safe_load(f) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path!r} is a directory") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path!r} cannot be read ({getattr(e, 'strerror', None) or e})") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path!r} is not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(doc, dict):
@@ -293,6 +303,20 @@ def validate(cfg: Config) -> Config:
                           f"({', '.join(bad_groups)}); choose from {', '.join(PARAM_GROUPS)}")
     if t.lr <= 0:
         raise ConfigError(f"train.lr={t.lr} must be positive")
+    for name, lo, hi in (("beta1", 0.0, 1.0), ("beta2", 0.0, 1.0)):
+        if not lo <= getattr(t, name) < hi:
+            raise ConfigError(f"train.{name}={getattr(t, name)} must be in [{lo:g}, {hi:g})")
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        raise ConfigError(f"train.min_lr_ratio={t.min_lr_ratio} must be in [0, 1]")
+    for name in ("eps", "weight_decay", "grad_clip"):
+        if getattr(t, name) < 0:
+            raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")
+    if t.log_every < 0:
+        raise ConfigError(f"train.log_every={t.log_every} must be >= 0")
+    if not 0 <= cfg.seed < 2**32:  # numpy's SeedSequence takes non-negative seeds only
+        raise ConfigError(f"seed={cfg.seed} must be in [0, 2**32)")
+    if cfg.device_peak_flops < 0:
+        raise ConfigError(f"device_peak_flops={cfg.device_peak_flops} must be >= 0")
     if t.seq_len > m.n_positions:
         raise ConfigError(f"train.seq_len={t.seq_len} exceeds model.n_positions={m.n_positions}")
     if t.batch_size % t.grad_accum:

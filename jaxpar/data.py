@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -29,20 +30,30 @@ def builtin_text() -> str:
     return gzip.decompress(data).decode("utf-8")
 
 
-def read_text(path: str) -> str:
-    """A text file, or every *.txt / *.md file under a folder (sorted, joined by blank lines)."""
+def read_input(path: str) -> bytes:
+    """The raw bytes of a file, or of every *.txt / *.md file under a folder (sorted, joined by
+    blank lines). Bytes, not text: the byte tokenizer takes any encoding (Latin-1, binary) as is."""
     p = Path(path)
-    if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".txt", ".md"))
-        if not files:
-            raise ConfigError(f"input={path!r} is a folder with no .txt or .md files")
-        return "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
-    if not p.is_file():
-        raise ConfigError(f"input={path!r} does not exist")
-    text = p.read_text(encoding="utf-8", errors="replace")
-    if not text:
+    try:
+        if p.is_dir():
+            files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".txt", ".md"))
+            if not files:
+                raise ConfigError(f"input={path!r} is a folder with no .txt or .md files")
+            raw = b"\n\n".join(f.read_bytes() for f in files)
+        elif not p.is_file():
+            raise ConfigError(f"input={path!r} does not exist")
+        else:
+            raw = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"input={path!r} cannot be read ({e.strerror})") from None
+    if not raw:
         raise ConfigError(f"input={path!r} is empty")
-    return text
+    return raw
+
+
+def read_text(path: str) -> str:
+    """`read_input` decoded as UTF-8 (invalid bytes become U+FFFD)."""
+    return read_input(path).decode("utf-8", errors="replace")
 
 
 class Tokenizer:
@@ -55,9 +66,21 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return 256 if self._hf is None else self._hf.get_vocab_size()
 
-    def encode(self, text: str) -> np.ndarray:
+    def encode(self, text: str | bytes, source: str = "") -> np.ndarray:
+        """Token ids of `text`; bytes go to the byte tokenizer untouched. A BPE tokenizer needs
+        text: bytes that are not UTF-8 become U+FFFD, with a warning naming how many."""
         if self._hf is None:
-            return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+            raw = text if isinstance(text, bytes) else text.encode("utf-8")
+            return np.frombuffer(raw, dtype=np.uint8).astype(np.uint16)
+        if isinstance(text, bytes):
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError:
+                decoded = text.decode("utf-8", errors="replace")
+                bad = decoded.count("\ufffd") - text.decode("utf-8", errors="ignore").count("\ufffd")
+                sys.stderr.write(f"warning: input={source!r} is not valid UTF-8 ({bad} undecodable sequences "
+                                 f"replaced by U+FFFD); tokenizer=byte would keep the raw bytes\n")
+                text = decoded
         return np.asarray(self._hf.encode(text).ids, dtype=np.uint16)
 
     def decode(self, ids) -> str:
@@ -104,13 +127,23 @@ def load_tokenizer(prepared_dir: str) -> Tokenizer:
     return Tokenizer(meta["tokenizer"], HFTokenizer.from_file(os.path.join(prepared_dir, "tokenizer.json")))
 
 
-def prepare(text: str, out_dir: str, tokenizer: str = "byte", source: str = "") -> dict:
-    """Tokenize `text`, split 90/10 into train.bin / val.bin, write meta.json. Returns meta."""
-    tok = make_tokenizer(tokenizer, text)
+def prepare(text: str | bytes, out_dir: str, tokenizer: str = "byte", source: str = "", min_tokens: int = 0,
+            model_vocab: int | None = None) -> dict:
+    """Tokenize `text`, split 90/10 into train.bin / val.bin, write meta.json. Returns meta.
+
+    Checks come before the first write: each split must hold `min_tokens` tokens (one
+    training window, seq_len+1) and the tokenizer's vocab must fit `model_vocab`."""
+    tok = make_tokenizer(tokenizer, text.decode("utf-8", errors="replace") if isinstance(text, bytes)
+                         and tokenizer == "bpe" else text)
     if tok.vocab_size > 65536:
         raise ConfigError(f"tokenizer vocab_size={tok.vocab_size} does not fit uint16 (max 65536)")
-    ids = tok.encode(text)
+    if model_vocab is not None and tok.vocab_size > model_vocab:
+        raise ConfigError(f"data vocab_size={tok.vocab_size} is larger than model.vocab_size={model_vocab}")
+    ids = tok.encode(text, source)
     n_val = max(int(len(ids) * VAL_FRACTION), 1)
+    if min(len(ids) - n_val, n_val) < min_tokens:
+        raise ConfigError(f"data={source!r} gives {len(ids)} tokens ({len(ids) - n_val} train, {n_val} val); "
+                          f"each split needs at least train.seq_len+1={min_tokens}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # Write to temp names and rename, so a crash never leaves a half-written prepared dir.
@@ -140,17 +173,25 @@ def read_meta(path: str, model_vocab: int | None = None) -> dict:
     return meta
 
 
-def resolve_data(data: str, tokenizer: str, workdir: str) -> str:
-    """`data=` -> prepared dir. Raw text (file/folder/built-in) is prepared into `workdir`/data."""
+def _tokenizer_kind(spec: str) -> str:
+    return spec if spec in ("byte", "bpe") else "gpt2-dir"
+
+
+def resolve_data(data: str, tokenizer: str, workdir: str, seq_len: int = 0, model_vocab: int | None = None) -> str:
+    """`data=` -> prepared dir. Raw text (file/folder/built-in) is prepared into `workdir`/data,
+    checked (length, vocab) before anything is written there."""
     if data and is_prepared(data):
         return data
     if data and os.path.isdir(data) and os.path.exists(os.path.join(data, "meta.json")):
         raise ConfigError(f"data={data!r} has meta.json but no train.bin")
     target = os.path.join(workdir, "data")
-    if is_prepared(target):  # already prepared by an earlier (resumed) run into this dir
-        return target
-    text = builtin_text() if not data else read_text(data)
-    prepare(text, target, tokenizer, source=data or BUILTIN_CORPUS)
+    source = data or BUILTIN_CORPUS
+    if is_prepared(target):  # prepared by an earlier run into this dir: reused only if made from this source
+        meta = read_meta(target)
+        if meta.get("source") == source and meta.get("tokenizer") == _tokenizer_kind(tokenizer):
+            return target
+    text = builtin_text() if not data else read_input(data)
+    prepare(text, target, tokenizer, source=source, min_tokens=seq_len + 1 if seq_len else 0, model_vocab=model_vocab)
     return target
 
 
@@ -182,6 +223,11 @@ class Dataset:
         for name, arr in (("train.bin", train), ("val.bin", val)):
             if len(arr) < seq_len + 1:
                 raise ConfigError(f"{name} in {path!r} has {len(arr)} tokens, fewer than train.seq_len+1={seq_len + 1}")
+            # One pass over the file: an id >= vocab would index past the embedding table, which
+            # XLA clamps silently instead of failing.
+            top = int(arr.max())
+            if top >= model_vocab:
+                raise ConfigError(f"{name} in {path!r} holds token id {top} >= model.vocab_size={model_vocab}")
         return Dataset(train, val, int(meta["vocab_size"]), path)
 
 

@@ -14,6 +14,7 @@ for a signal). So a dead rank never leaves the rest hanging in a collective.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -24,6 +25,8 @@ import time
 from jaxpar.config import ConfigError
 
 KEYS = {"nprocs", "port", "grace"}
+SETTLE_S = 3.0  # after a rank fails, how long the others get to exit by themselves
+LOST_PEER_EXIT = 3  # a rank that cannot reach its peers (jaxpar.loop, jaxpar.mesh): a consequence, not a cause
 
 
 def free_port() -> int:
@@ -60,9 +63,28 @@ def _exit_code(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
 
+def precheck(cmd: list[str], n: int) -> None:
+    """Settings errors of a train/inspect/mesh command, found here once, before any process
+    starts: otherwise every rank would report the same error (or none would start right)."""
+    if cmd[0] not in ("train", "inspect", "mesh"):
+        return
+    from jaxpar import config as C
+    from jaxpar.cli import split_config_flag
+    from jaxpar.mesh import mesh_size
+    from jaxpar.rundir import resolve_train
+
+    path, rest = split_config_flag(cmd[1:])
+    cfg = C.resolve(rest, path) if cmd[0] == "mesh" else resolve_train(C.parse_kv(rest), path)
+    sizes = dataclasses.asdict(cfg.mesh)
+    if -1 not in sizes.values() and mesh_size(cfg.mesh) % n:
+        shown = "×".join(f"{k}={v}" for k, v in sizes.items())
+        raise ConfigError(f"mesh {shown} ({mesh_size(cfg.mesh)} devices) cannot be split evenly over {n} processes")
+
+
 def main(argv: list[str]) -> int:
     kv, cmd = parse(argv)
     n, grace = kv["nprocs"], kv.get("grace", 10)
+    precheck(cmd, n)
     port = kv.get("port") or free_port()
     procs: list[subprocess.Popen] = []
     for rank in range(n):
@@ -98,11 +120,21 @@ def main(argv: list[str]) -> int:
             codes = [p.poll() for p in procs]
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
             if failed and not forwarded:
-                rank, code = failed[0]
+                # Ranks that fail together (a bad input all of them see, a non-finite step) exit
+                # on their own within moments, each having decided alone; a rank that lost a
+                # dead peer exits with LOST_PEER_EXIT. Only a rank still running needs stopping.
+                settle = time.monotonic() + min(grace, SETTLE_S)
+                while time.monotonic() < settle and any(p.poll() is None for p in procs):
+                    time.sleep(0.1)
+                codes = [p.poll() for p in procs]
+                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                rank, code = min(failed, key=lambda rc: rc[1] == LOST_PEER_EXIT)  # the root cause first
                 alive = [r for r, c in enumerate(codes) if c is None]
-                if alive:
-                    print(f"error: process {rank} exited with code {_exit_code(code)}; stopping processes "
-                          f"{', '.join(map(str, alive))}", file=sys.stderr, flush=True)
+                # Exit code 2 is a user error its rank has already put in one line; say nothing more.
+                if alive or _exit_code(code) != 2:
+                    sys.stderr.write(f"error: process {rank} exited with code {_exit_code(code)}"
+                                     + (f"; stopping processes {', '.join(map(str, alive))}" if alive else "") + "\n")
+                    sys.stderr.flush()
                 stop_all()
                 return _exit_code(code) or 1
             if all(c is not None for c in codes):

@@ -12,14 +12,28 @@ import sys
 METRICS_FILE = "metrics.jsonl"
 
 
+def _step_of(line: str) -> int | None:
+    """The step of one metrics line; None for a torn or foreign line (a kill -9 mid-write
+    leaves the last line cut short)."""
+    try:
+        rec = json.loads(line)
+        return int(rec["step"])
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
 def truncate_after(path: str, step: int) -> None:
-    """Drop lines with step > `step` (a resumed run rewrites what came after its checkpoint)."""
+    """Keep the lines of steps <= `step` (a resumed run rewrites what came after its checkpoint;
+    a fresh run, step 0, starts the file over). Torn lines are dropped. Atomic: the kept lines
+    go to a temporary file that replaces the old one."""
     if not os.path.exists(path):
         return
-    with open(path) as f:
-        keep = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
-    with open(path, "w") as f:
+    with open(path, errors="replace") as f:
+        keep = [ln if ln.endswith("\n") else ln + "\n" for ln in f if (s := _step_of(ln)) is not None and s <= step]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
         f.writelines(keep)
+    os.replace(tmp, path)
 
 
 class MetricsLogger:

@@ -74,6 +74,9 @@ class Trainer:
     step_fn: Callable  # (state, inputs, targets) -> (state, metrics)
     eval_fn: Callable  # (params, inputs, targets) -> (sum_nll, n_tokens)
     schedule: optax.Schedule  # learning rate at step count
+    # (state, inputs, targets, stop (n_devices,) int32) -> (state, metrics + "stop"): the loop's step
+    loop_step_fn: Callable = None
+    flag_sharding: NamedSharding = None  # one element per device, over every mesh axis
 
     def init_state(self, params) -> State:
         """Place (numpy) params on the mesh and build the optimizer state there."""
@@ -93,6 +96,14 @@ class Trainer:
     def put_batch(self, x: np.ndarray) -> jax.Array:
         """A global (B, T) batch from this process's rows (the whole batch when single-process)."""
         return shd.put_global_batch(x, self.batch_sharding)
+
+    def put_flag(self, flag: bool) -> jax.Array:
+        """This process's stop flag on each of its devices, as one global (n_devices,) int32 array.
+        The loop step takes its max, so every process learns of a signal to any one of them from
+        the step's own collective, with no extra host round trip."""
+        n = self.flag_sharding.mesh.devices.size
+        return jax.make_array_from_callback((n,), self.flag_sharding,
+                                            lambda idx: np.full((len(range(n)[idx[0]]),), int(flag), np.int32))
 
 
 def make_loss_fn(cfg: Config, mesh) -> Callable:
@@ -161,8 +172,23 @@ def build_trainer(cfg: Config, mesh=None) -> Trainer:
         grad_norm = optax.tree.norm(grads)  # optax.global_norm is deprecated
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
-        new = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
-        return new, {"loss": loss, "grad_norm": grad_norm}
+        # A non-finite loss or gradient norm (or an update that overflows a weight) is never
+        # applied: the old params and optimizer state are kept, so no checkpoint can hold
+        # non-finite values even when the loop reads this flag a step late. The step counter
+        # (dropout key) advances either way; the loop stops or skips on `finite` == False.
+        # The weights are checked through their fp32 norm (a sum, so one inf/NaN shows), which
+        # keeps every cross-shard reduction of the step in fp32 (a boolean all() would add a pred one).
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(params))
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+        new = {"step": state["step"] + 1, "params": keep(params, state["params"]),
+               "opt_state": keep(opt_state, state["opt_state"])}
+        return new, {"loss": loss, "grad_norm": grad_norm, "finite": finite}
+
+    def loop_step(state, inputs, targets, stop):
+        # stop: (n_devices,) int32, each process's signal flag on its devices; the max is an
+        # all-reduce inside the step, so all processes see the same value for the same step.
+        new, m = train_step(state, inputs, targets)
+        return new, {**m, "stop": jnp.max(stop) > 0}
 
     def eval_step(params, inputs, targets):
         logits = _forward(cfg, mesh, params, inputs)
@@ -170,10 +196,14 @@ def build_trainer(cfg: Config, mesh=None) -> Trainer:
         return nll.sum(), jnp.asarray(nll.size, jnp.float32)
 
     repl = NamedSharding(mesh, PartitionSpec())
+    metrics_sh = {"loss": repl, "grad_norm": repl, "finite": repl}
     step_fn = jax.jit(train_step, in_shardings=(state_sh, batch_sh, batch_sh),
-                      out_shardings=(state_sh, {"loss": repl, "grad_norm": repl}), donate_argnums=0)
+                      out_shardings=(state_sh, metrics_sh), donate_argnums=0)
+    flag_sh = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))
+    loop_step_fn = jax.jit(loop_step, in_shardings=(state_sh, batch_sh, batch_sh, flag_sh),
+                           out_shardings=(state_sh, {**metrics_sh, "stop": repl}), donate_argnums=0)
     eval_fn = jax.jit(eval_step, in_shardings=(state_sh["params"], batch_sh, batch_sh), out_shardings=(repl, repl))
-    return Trainer(cfg, mesh, tx, state_sh, batch_sh, step_fn, eval_fn, lr_schedule(tc))
+    return Trainer(cfg, mesh, tx, state_sh, batch_sh, step_fn, eval_fn, lr_schedule(tc), loop_step_fn, flag_sh)
 
 
 def _forward(cfg: Config, mesh, params, inputs):

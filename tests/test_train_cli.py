@@ -1,14 +1,10 @@
 """`jaxpar train` end to end on the built-in corpus: learning, resume, metrics, sample, eval."""
 
 import json
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
-from cli_helpers import clean_env, run
+from cli_helpers import run
 
 TINY = ["model=gpt2-tiny", "train.seq_len=64", "train.batch_size=16", "train.lr=3e-3", "train.warmup_steps=10",
         "train.eval_every=0", "progress=plain"]
@@ -95,32 +91,15 @@ def test_plot_writes_png(trained):
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _start(args):
-    return subprocess.Popen([sys.executable, "-m", "jaxpar.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=clean_env())
-
-
-def _wait_for_lines(path, n, proc, timeout=120):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if path.exists() and sum(1 for _ in open(path)) >= n:
-            return
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    raise TimeoutError
-
-
-def _run_and_interrupt(tmp_path, args, after_lines, stop):
-    """An uninterrupted reference run, then the same run stopped by `stop(proc)` once its
-    metrics.jsonl has `after_lines` lines. Returns (ref dir, out dir, returncode, stdout, stderr)."""
+def _run_and_interrupt(tmp_path, args, fault):
+    """An uninterrupted reference run, then the same run with `JAXPAR_FAULT_SIGNAL=fault`
+    (e.g. SIGTERM@5: the run signals itself once step 5's metrics are written). A signal at an
+    exact step, not one sent when a poll happens to see the file: no race with a loaded host
+    finishing the run first. Returns (ref dir, out dir, completed process)."""
     ref = tmp_path / "ref"
     assert run(["train", *args, f"out={ref}"]).returncode == 0
     out = tmp_path / "killed"
-    p = _start(["train", *args, f"out={out}"])
-    _wait_for_lines(out / "metrics.jsonl", after_lines, p)
-    stop(p)
-    stdout, stderr = p.communicate(timeout=120)
-    return ref, out, p.returncode, stdout, stderr
+    return ref, out, run(["train", *args, f"out={out}"], JAXPAR_FAULT_SIGNAL=fault)
 
 
 def _resume(args, out):
@@ -131,19 +110,21 @@ def _resume(args, out):
 
 def test_sigterm_then_resume_is_bit_identical(tmp_path):
     args = [*TINY, "train.steps=24", "train.grad_accum=2"]
-    ref, out, rc, stdout, stderr = _run_and_interrupt(tmp_path, args, 5, lambda p: p.send_signal(signal.SIGTERM))
-    assert rc == 0, stderr
-    assert "stopped by SIGTERM after step" in stdout
-    stopped = len(losses(out))
-    assert 5 <= stopped < 24
+    ref, out, r = _run_and_interrupt(tmp_path, args, "SIGTERM@5")
+    assert r.returncode == 0, r.stderr
+    # Step 5's metrics are read (and the signal sent) while step 6 is in flight: the run finishes
+    # step 6, checkpoints it and stops.
+    assert "stopped by SIGTERM after step 6" in r.stdout
+    assert len(losses(out)) == 6
     r = _resume(args, out)
-    assert f"resumed from step {stopped}" in r.stdout
+    assert "resumed from step 6" in r.stdout
     assert losses(out) == losses(ref)  # bit-identical floats
 
 
 def test_sigkill_resumes_from_last_complete_checkpoint(tmp_path):
     args = [*TINY, "train.steps=20", "train.ckpt_every=5"]
-    ref, out, *_ = _run_and_interrupt(tmp_path, args, 12, lambda p: p.kill())
+    ref, out, r = _run_and_interrupt(tmp_path, args, "SIGKILL@12")
+    assert r.returncode == -9 and len(losses(out)) == 12
     r = _resume(args, out)
-    assert "resumed from step 10" in r.stdout or "resumed from step 15" in r.stdout
+    assert "resumed from step 10" in r.stdout
     assert losses(out) == losses(ref)

@@ -65,10 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise ConfigError(f"unknown command {cmd!r} (choose from train, compare)")
     except (ConfigError, WorkerDied) as e:
-        print(f"error: {e}", file=sys.stderr)
+        sys.stderr.write(f"error: {e}\n")  # one write: lines of several processes never join
         return 2
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        sys.stderr.write("error: interrupted\n")
         return 130
     return 0
 

@@ -50,26 +50,51 @@ def check_mpi() -> str:
     return shutil.which("mpiexec")
 
 
+# What a torchref run writes into its out dir; a dir holding anything else is not ours to reuse.
+RUN_ENTRIES = {"metrics.jsonl", "summary.json", "job.json", "config.json", "procs", "logs", "data", "init", "hf"}
+
+
+def check_out(out: Path) -> None:
+    """A run goes into a missing or empty dir, or over a torchref run that did not finish (no
+    summary.json); a finished run or a foreign dir is refused, never overwritten. Writes nothing."""
+    from jaxpar.rundir import check_writable
+
+    check_writable(str(out))
+    if not out.is_dir():
+        return
+    if (out / "summary.json").exists():
+        raise ConfigError(f"out={str(out)!r} holds a finished torchref run (summary.json); choose another out")
+    foreign = sorted(e.name for e in out.iterdir()
+                     if e.name not in RUN_ENTRIES and not e.name.startswith("grads_step"))
+    if foreign:
+        raise ConfigError(f"out={str(out)!r} is not empty and not a torchref run dir (holds {', '.join(foreign[:3])}); "
+                          "choose another out")
+
+
 def prepare(cfg: Config, ref: RefConfig):
     """Everything that can fail with a user error, done once before any process starts."""
     from jaxpar.data import Dataset, resolve_data
+    from jaxpar.rundir import make_out
     from torchref.model import initial_state_dict, save_weights
     from torchref.runtime import Job
 
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in ("metrics.jsonl", "summary.json"):
+    check_out(out)
+    if cfg.init:  # the model shape comes from the weights, as in `jaxpar train init=`
+        from jaxpar.models.hf import model_config_from_hf
+
+        cfg = replace(cfg, model=model_config_from_hf(cfg.init))
+    # Raw text is tokenized into <out>/data only after its checks (length, vocab) pass, and
+    # re-tokenized when data= names another source than the one prepared there.
+    data_dir = resolve_data(cfg.data, cfg.tokenizer, str(out), cfg.train.seq_len, cfg.model.vocab_size)
+    Dataset.open(data_dir, cfg.model.vocab_size, cfg.train.seq_len)  # validates vocab / length
+    make_out(str(out))
+    for stale in ("metrics.jsonl", "summary.json"):  # a failed earlier attempt's leftovers
         (out / stale).unlink(missing_ok=True)
     for d in ("procs", "logs"):
         shutil.rmtree(out / d, ignore_errors=True)
     for g in out.glob("grads_step*.safetensors"):
         g.unlink()
-    if cfg.init:  # the model shape comes from the weights, as in `jaxpar train init=`
-        from jaxpar.models.hf import model_config_from_hf
-
-        cfg = replace(cfg, model=model_config_from_hf(cfg.init))
-    data_dir = resolve_data(cfg.data, cfg.tokenizer, str(out))
-    Dataset.open(data_dir, cfg.model.vocab_size, cfg.train.seq_len)  # validates vocab / length
     init_dir = str(out / "init")
     from jaxpar.models.hf import hf_config_dict
 
