@@ -8,13 +8,13 @@ The torch mirror:
     torch's decoupled decay `p *= 1 - lr*wd` equals optax's `update += wd*p; p -= lr*update`.
   * `clip_grads_`: scale = max_norm / norm when norm >= max_norm, with NO epsilon
     (torch.nn.utils.clip_grad_norm_ divides by norm + 1e-6, optax does not).
-  * `lr_at(step)`: optax.warmup_cosine_decay_schedule(0, lr, warmup, steps, lr*min_lr_ratio),
-    evaluated at the update count *before* the update (step 0 -> lr(0) = 0 when warmup > 0).
+  * `lr_at(step)`: the learning-rate schedule (definition in its docstring), written here from
+    the definition, not by calling jaxpar's optax schedule, and evaluated at the update count
+    *before* the update (step 0 -> lr(0) = 0 when warmup > 0).
 """
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
@@ -92,17 +92,25 @@ def make_optimizer(named_params: list[tuple[str, torch.nn.Parameter]], t: TrainC
     return torch.optim.AdamW(groups, lr=0.0, betas=(t.beta1, t.beta2), eps=t.eps, foreach=False)
 
 
-def lr_at(t: TrainConfig, step: int) -> float:
-    """optax.warmup_cosine_decay_schedule(0, lr, warmup_steps, steps, lr*min_lr_ratio)(step)."""
-    peak, end, warm = t.lr, t.lr * t.min_lr_ratio, t.warmup_steps
-    if warm > 0 and step < warm:
-        return peak * step / warm
-    decay = t.steps - warm
-    if decay <= 0:
-        return peak if warm == 0 else end
-    frac = min(step - warm, decay) / decay
-    alpha = end / peak
-    return peak * ((1 - alpha) * 0.5 * (1 + math.cos(math.pi * frac)) + alpha)
+def lr_at(t: TrainConfig, step):
+    """Learning rate of 0-based step `step` (the update count before the update); `step` may be
+    an int (-> float) or an integer numpy array (-> float64 array). The project's one schedule:
+
+        W = min(train.warmup_steps, train.steps)       warmup never outlasts the run
+        D = max(train.steps - W, 1)                    cosine length
+        lr(s) = lr * s / W                                    for s < W
+        lr(s) = lr * (r + (1 - r) * (1 + cos(pi * min(s - W, D) / D)) / 2)   otherwise, r = min_lr_ratio
+
+    So a run shorter than its warmup warms up over the whole run (lr(1) = lr / steps), and a
+    run with W = 0 starts at the peak. jaxpar's `lr_schedule` builds the same function from optax
+    parts; `parity_tests/test_schedule.py` compares the two value by value."""
+    s = np.asarray(step, dtype=np.float64)
+    warm = min(t.warmup_steps, t.steps)
+    span = max(t.steps - warm, 1)
+    frac = np.minimum(s - warm, span) / span
+    cosine = t.lr * (t.min_lr_ratio + (1.0 - t.min_lr_ratio) * 0.5 * (1.0 + np.cos(np.pi * frac)))
+    lr = np.where(s < warm, t.lr * s / max(warm, 1), cosine)
+    return float(lr) if lr.ndim == 0 else lr
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
