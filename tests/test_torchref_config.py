@@ -33,7 +33,9 @@ def cli(*args, env=None):
     (["ps.bogus=1"], "unknown key 'ps.bogus' (valid: ps.async, ps.max_staleness)"),
     (["train.bogus=1"], "unknown key 'train.bogus'"),
     (["precision=bf16"], "precision=bf16 contradicts strategy=single (it computes in fp32)"),
-    (["train.grad_accum=2"], "train.grad_accum=2: torchref supports train.grad_accum=1 only"),
+    (["strategy=horovod", "workers=4", "train.grad_accum=2", "train.batch_size=12"],
+     "train.batch_size=12 is not divisible by workers×train.grad_accum=4×2"),
+    (["mesh.tensor=2"], "mesh.tensor=2 is not supported by torchref (torchref is data-parallel only; use workers=N)"),
 ])
 def test_config_errors_exact_text(args, msg):
     with pytest.raises(ConfigError) as e:

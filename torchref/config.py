@@ -27,9 +27,65 @@ import typing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from jaxpar.config import Config, ConfigError, MeshConfig, PipelineConfig, load_yaml, parse_kv, parse_value, resolve
+from jaxpar.config import Config, ConfigError, load_yaml, parse_kv, parse_value, resolve
 
 STRATEGY_NAMES = ("single", "single-ps", "distributed-ps", "horovod", "distributed-ps-amp", "horovod-amp")
+
+
+# What torchref does with each key of `jaxpar train` (`parity_tests/test_key_policy.py` enumerates
+# jaxpar's config dataclasses against this table and fails on a key that is in neither):
+#   mirrored   torchref computes the same training math with it (checked by the parity tests)
+#   same-math  a jaxpar memory/layout knob whose every value computes the same math; torchref,
+#              which has no such knob, accepts and ignores it (the property parity test draws it)
+#   no-math    output and bookkeeping only: the losses and weights do not depend on it
+#   rejected   torchref refuses a non-default value with a one-line error (reason given)
+KEY_POLICY: dict[str, tuple[str, str]] = {
+    "model": ("mirrored", "preset -> the HF config of the run's init dir"),
+    **{f"model.{k}": ("mirrored", "HF GPT2Config of the init dir") for k in
+       ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "layer_norm_epsilon")},
+    "model.dropout": ("rejected", "torch cannot draw jaxpar's dropout masks, so no step would be comparable; "
+                      "use model.dropout=0"),
+    **{f"mesh.{k}": ("rejected", "torchref is data-parallel only; use workers=N")
+       for k in ("data", "fsdp", "tensor", "pipe")},
+    **{f"pipeline.{k}": ("rejected", "torchref has no pipeline parallelism")
+       for k in ("microbatches", "schedule", "repeats", "layers_per_stage")},
+    **{f"train.{k}": ("mirrored", "same optimizer, schedule and batches") for k in
+       ("steps", "batch_size", "seq_len", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2",
+        "eps", "grad_clip", "grad_accum")},
+    "train.eval_every": ("no-math", "torchref logs no val_loss"),
+    "train.eval_batches": ("no-math", "torchref logs no val_loss"),
+    "train.ckpt_every": ("no-math", "torchref writes its weights at the end only"),
+    "train.log_every": ("no-math", "console lines"),
+    "train.remat": ("same-math", "recomputation in backward"),
+    "train.vocab_chunks": ("same-math", "chunked logits + cross-entropy"),
+    "train.mlp_chunks": ("same-math", "chunked MLP"),
+    "eval.windows": ("no-math", "jaxpar eval only"),
+    "sharding.replicate": ("same-math", "which groups FSDP replicates"),
+    "data": ("mirrored", "same prepared data and batch order"),
+    "tokenizer": ("mirrored", "same tokenizer for raw text"),
+    "precision": ("mirrored", "fp32 strategies compute in fp32, -amp ones under autocast(amp.dtype)"),
+    "seed": ("mirrored", "same batches and the same numpy init"),
+    "init": ("mirrored", "same HF weights"),
+    "out": ("no-math", "the run directory"),
+    "resume": ("rejected", "torchref has no checkpoints to resume from"),
+    "plan": ("rejected", "a plan sets jaxpar's mesh"),
+    "dry_run": ("rejected", "torchref does not compile"),
+    "device_peak_flops": ("no-math", "MFU only"),
+    "progress": ("no-math", "console display"),
+}
+
+
+def _value(cfg: Config, key: str) -> Any:
+    head, _, rest = key.partition(".")
+    return getattr(getattr(cfg, head), rest) if rest else getattr(cfg, "model_name" if key == "model" else key)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, tuple):
+        return ",".join(map(str, v))
+    return str(v)
 
 
 class WorkerDied(RuntimeError):
@@ -136,6 +192,9 @@ def validate_ref(cfg: Config, ref: RefConfig) -> None:
         raise ConfigError(f"strategy=single runs one process; workers={ref.workers} must be 1")
     if cfg.train.batch_size % ref.workers:
         raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not divisible by workers={ref.workers}")
+    if cfg.train.batch_size % (ref.workers * cfg.train.grad_accum):
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not divisible by "
+                          f"workers×train.grad_accum={ref.workers}×{cfg.train.grad_accum}")
     if ref.horovod.algorithm not in ("mpi", "ring"):
         raise ConfigError(f"horovod.algorithm={ref.horovod.algorithm!r} must be mpi or ring")
     if ref.horovod.compression not in ("none", "fp16"):
@@ -152,16 +211,16 @@ def validate_ref(cfg: Config, ref: RefConfig) -> None:
         raise ConfigError(f"ddp.bucket_mb={ref.ddp.bucket_mb} and horovod.fusion_mb={ref.horovod.fusion_mb} must be positive")
     if ref.timeout_s <= 0:
         raise ConfigError(f"timeout_s={ref.timeout_s} must be positive")
-    # jaxpar features the reference does not model: refuse rather than silently ignore.
-    if cfg.train.grad_accum != 1:
-        raise ConfigError(f"train.grad_accum={cfg.train.grad_accum}: torchref supports train.grad_accum=1 only")
-    if cfg.mesh != MeshConfig() or cfg.pipeline != PipelineConfig():
-        raise ConfigError("mesh.* and pipeline.* are jaxpar keys; torchref is data-parallel only (use workers=N)")
-    for key in ("resume", "dry_run"):
-        if getattr(cfg, key):
-            raise ConfigError(f"{key}=true is not supported by torchref")
-    if cfg.plan:
-        raise ConfigError("plan= is not supported by torchref")
+    check_rejected(cfg)
+
+
+def check_rejected(cfg: Config) -> None:
+    """jaxpar keys the reference does not model (KEY_POLICY 'rejected'): refuse a non-default
+    value rather than silently ignore it."""
+    default = Config()
+    for key, (kind, why) in KEY_POLICY.items():
+        if kind == "rejected" and _value(cfg, key) != _value(default, key):
+            raise ConfigError(f"{key}={_fmt(_value(cfg, key))} is not supported by torchref ({why})")
 
 
 def resolve_ref(args: list[str], config_file: str | None = None) -> tuple[Config, RefConfig]:

@@ -82,8 +82,10 @@ def prepare(cfg: Config, ref: RefConfig):
     check_out(out)
     if cfg.init:  # the model shape comes from the weights, as in `jaxpar train init=`
         from jaxpar.models.hf import model_config_from_hf
+        from torchref.config import check_rejected
 
         cfg = replace(cfg, model=model_config_from_hf(cfg.init))
+        check_rejected(cfg)  # e.g. an HF config with resid_pdrop > 0, before anything is written
     # Raw text is tokenized into <out>/data only after its checks (length, vocab) pass, and
     # re-tokenized when data= names another source than the one prepared there.
     data_dir = resolve_data(cfg.data, cfg.tokenizer, str(out), cfg.train.seq_len, cfg.model.vocab_size)

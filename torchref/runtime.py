@@ -76,6 +76,14 @@ class Context:
         return (torch.from_numpy(x[sl].astype(np.int64)).to(self.device),
                 torch.from_numpy(y[sl].astype(np.int64)).to(self.device))
 
+    def microbatches(self, step: int, worker: int, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`train.grad_accum` = A microbatches of this worker's shard, rows a, a+A, a+2A, ... for
+        microbatch a (jaxpar strides the same way). Each is (B/(n*A), T); the mean of the A
+        microbatch means is the shard's mean because they all hold the same number of rows."""
+        x, y = self.shard(step, worker, n)
+        a = self.t.grad_accum
+        return [(x[i::a], y[i::a]) for i in range(a)]
+
     def hf_config(self) -> dict:
         with open(os.path.join(self.job.init_dir, "config.json")) as f:
             return json.load(f)

@@ -7,10 +7,16 @@ strategies all compute the same update as `single`:
     worker w of N: loss_w = mean CE over rows w*B/N..(w+1)*B/N of the global batch (B, T)
     averaged grad  = (1/N) sum_w grad(loss_w) = grad(mean CE over the global batch)
     then, identically on every replica (or once on the server): clip -> AdamW(lr_at(step)).
+
+`train.grad_accum` = A: each worker runs A forward/backward passes over A microbatches of its rows
+(`Context.microbatches`), each loss scaled by 1/A so `.grad` accumulates the shard's mean gradient;
+the strategy communicates once, after the last pass (DDP `no_sync`, Horovod's
+`backward_passes_per_step`), so the update is the same as with A = 1.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -41,6 +47,10 @@ class Hooks:
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:  # e.g. DDP(model)
         return model
 
+    def microbatch(self, last: bool):
+        """Context around one accumulation pass (forward + backward); communicate only if `last`."""
+        return contextlib.nullcontext()
+
     def after_backward(self) -> None:  # e.g. wait for outstanding all-reduces
         pass
 
@@ -70,11 +80,8 @@ def allreduce_train_loop(ctx: Context, worker: int, n: int, make_hooks: Callable
     for step in range(t.steps):
         ctx.maybe_crash(worker, step + 1)
         t0 = timer()
-        x, y = ctx.shard(step, worker, n)
         opt.zero_grad(set_to_none=True)
-        with ctx.amp_context():
-            loss = loss_fn(wrapped, x, y)
-        (scaler.scale(loss) if scaler else loss).backward()
+        local_loss = accumulate(ctx, step, worker, n, wrapped, scaler, hooks.microbatch)
         hooks.after_backward()  # grads now hold the average over workers
         if scaler:
             scaler.unscale_(opt)
@@ -88,7 +95,7 @@ def allreduce_train_loop(ctx: Context, worker: int, n: int, make_hooks: Callable
             scaler.update()
         else:
             opt.step()
-        gl = hooks.global_loss(float(loss.detach()))
+        gl = hooks.global_loss(local_loss)
         dt = timer() - t0
         sent, received = hooks.bytes_this_step()
         totals.add(sent, received)
@@ -103,3 +110,19 @@ def allreduce_train_loop(ctx: Context, worker: int, n: int, make_hooks: Callable
 
         save_weights(f"{ctx.job.out}/hf", ctx.hf_config(), hf_state_dict(model))
     ctx.write_summary("worker", bytes_sent=totals.sent, bytes_received=totals.received)
+
+
+def accumulate(ctx: Context, step: int, worker: int, n: int, model: torch.nn.Module, scaler=None,
+               microbatch: Callable[[bool], contextlib.AbstractContextManager] | None = None) -> float:
+    """Forward + backward over this worker's `train.grad_accum` microbatches of step `step`;
+    `.grad` ends up holding the gradient of the shard's mean loss. Returns that mean loss."""
+    mbs = ctx.microbatches(step, worker, n)
+    a, total = len(mbs), 0.0
+    for i, (x, y) in enumerate(mbs):
+        with microbatch(i == a - 1) if microbatch else contextlib.nullcontext():
+            with ctx.amp_context():
+                loss = loss_fn(model, x, y)
+            scaled = loss / a if a > 1 else loss
+            (scaler.scale(scaled) if scaler else scaled).backward()
+        total += float(loss.detach())
+    return total / a

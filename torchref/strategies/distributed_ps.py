@@ -15,6 +15,8 @@ The metrics row of each step lists the buckets' sizes (`ddp_bucket_bytes`, in re
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -44,7 +46,12 @@ class DDPHooks(Hooks):
             return allreduce_hook(state, bucket)
 
         ddp.register_comm_hook(dist.group.WORLD, counting_allreduce)
+        self.ddp = ddp
         return ddp
+
+    def microbatch(self, last: bool):
+        # Accumulation passes before the last keep their gradients local (DDP's no_sync).
+        return contextlib.nullcontext() if last else self.ddp.no_sync()
 
     def global_loss(self, local_loss: float) -> float:
         t = torch.tensor([local_loss], dtype=torch.float64, device=self.ctx.device)

@@ -20,6 +20,7 @@ the model and batch shapes are identical on every rank, so hooks fire in the sam
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 
@@ -47,13 +48,25 @@ class FusionEngine(Hooks):
         self.jobs: queue.Queue = queue.Queue()
         self.done: queue.Queue = queue.Queue()
         self.in_flight = 0
+        self.sync = True  # False during the first grad_accum - 1 passes of a step
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._on_grad)
 
     # ---- main thread (inside backward)
+    @contextlib.contextmanager
+    def microbatch(self, last: bool):
+        """hvd.DistributedOptimizer(backward_passes_per_step=A): only the last pass all-reduces."""
+        self.sync = last
+        try:
+            yield
+        finally:
+            self.sync = True
+
     def _on_grad(self, p: torch.nn.Parameter) -> None:
+        if not self.sync:  # an accumulation pass: the gradient stays in .grad
+            return
         if self.pending and self.pending_size + p.numel() > self.capacity:
             self._submit()
         self.pending.append(p)

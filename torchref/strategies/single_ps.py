@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 
 from torchref.comm import ByteCounter, flatten, unflatten_into
-from torchref.model import build_model, clip_grads_, hf_state_dict, loss_fn, lr_at, make_optimizer, save_weights, set_lr
+from torchref.model import build_model, clip_grads_, hf_state_dict, lr_at, make_optimizer, save_weights, set_lr
 from torchref.runtime import Metrics, timer
-from torchref.strategies.base import Strategy
+from torchref.strategies.base import Strategy, accumulate
 
 GRAD, WEIGHTS, CTRL = 1, 2, 3  # message tags
 
@@ -118,14 +118,11 @@ def work(ctx) -> None:
         unflatten_into(flat, [p.data for p in params])
     for step in range(t.steps):
         ctx.maybe_crash(w, step + 1)
-        x, y = ctx.shard(step, w, n)
         model.zero_grad(set_to_none=True)
-        with ctx.amp_context():
-            loss = loss_fn(model, x, y)
-        loss.backward()
+        loss = accumulate(ctx, step, w, n, model)
         g = flatten([p.grad for p in params])
         _wait([dist.isend(g, 0, tag=GRAD),
-               dist.isend(torch.tensor([float(loss.detach())], dtype=torch.float64, device=ctx.device), 0, tag=CTRL)])
+               dist.isend(torch.tensor([loss], dtype=torch.float64, device=ctx.device), 0, tag=CTRL)])
         dist.recv(flat, 0, tag=WEIGHTS)
         totals.add(psi * 4, psi * 4)
         with torch.no_grad():
@@ -203,12 +200,9 @@ def work_async(ctx) -> None:
             unflatten_into(flat, [p.data for p in params])
         pushes += 1
         ctx.maybe_crash(w, pushes)
-        x, y = ctx.shard(version, w, n)
         model.zero_grad(set_to_none=True)
-        with ctx.amp_context():
-            loss = loss_fn(model, x, y)
-        loss.backward()
-        dist.send(torch.tensor([float(version), float(loss.detach())], dtype=torch.float64, device=ctx.device), 0, tag=CTRL)
+        loss = accumulate(ctx, version, w, n, model)
+        dist.send(torch.tensor([float(version), loss], dtype=torch.float64, device=ctx.device), 0, tag=CTRL)
         dist.send(flatten([p.grad for p in params]), 0, tag=GRAD)
         totals.add(psi * 4, psi * 4)
     ctx.write_summary("worker", bytes_sent=totals.sent, bytes_received=totals.received, pushes=pushes)

@@ -1,0 +1,93 @@
+"""Every key of `jaxpar train` is accounted for by torchref: mirrored, same-math, no-math or
+rejected (`torchref.config.KEY_POLICY`). The keys are enumerated from jaxpar's config dataclasses,
+so a key added to jaxpar fails here until someone decides what torchref does with it."""
+
+import dataclasses
+
+import pytest
+
+from jaxpar import config as C
+from jaxpar.config import ConfigError
+from torchref.config import KEY_POLICY, resolve_ref
+
+KINDS = {"mirrored", "same-math", "no-math", "rejected"}
+TINY = ["model=gpt2-tiny", "train.seq_len=32", "train.batch_size=8"]
+
+# A valid non-default value of every key (for gpt2-tiny, T=32, B=8).
+SAMPLE = {
+    "model": "gpt2-medium", "model.n_layer": "3", "model.n_embd": "64", "model.n_head": "2", "model.vocab_size": "300",
+    "model.n_positions": "64", "model.dropout": "0.1", "model.layer_norm_epsilon": "1e-6",
+    "mesh.data": "2", "mesh.fsdp": "2", "mesh.tensor": "2", "mesh.pipe": "2", "pipeline.microbatches": "2",
+    "pipeline.schedule": "circular", "pipeline.repeats": "2", "pipeline.layers_per_stage": "1,1",
+    "train.steps": "7", "train.batch_size": "16", "train.seq_len": "16", "train.lr": "1e-3", "train.min_lr_ratio": "0.5",
+    "train.warmup_steps": "3", "train.weight_decay": "0.01", "train.beta1": "0.8", "train.beta2": "0.99",
+    "train.eps": "1e-6", "train.grad_clip": "0.5", "train.grad_accum": "2", "train.eval_every": "5",
+    "train.eval_batches": "2", "train.ckpt_every": "3", "train.log_every": "2", "train.remat": "full",
+    "train.vocab_chunks": "2", "train.mlp_chunks": "2", "eval.windows": "4", "sharding.replicate": "embed",
+    "data": "some/dir", "tokenizer": "bpe", "precision": "fp32", "seed": "9", "init": "",  # init: checked below
+    "out": "runs/x", "resume": "true", "plan": "auto", "dry_run": "true", "device_peak_flops": "1e12",
+    "progress": "none",
+}
+
+
+def jaxpar_keys() -> set[str]:
+    """Every key `jaxpar train` accepts, from the dataclasses (`model` is the preset key)."""
+    keys = {"model"}
+    for f in dataclasses.fields(C.Config):
+        if f.name in C.SECTIONS:
+            keys |= {f"{f.name}.{g.name}" for g in dataclasses.fields(C.SECTIONS[f.name])}
+        elif f.name != "model_name":  # set by `model=`, not a key (apply_overrides rejects it)
+            keys.add(f.name)
+    return keys
+
+
+def test_every_jaxpar_key_has_a_torchref_policy():
+    keys = jaxpar_keys()
+    assert {"train.grad_accum", "model.n_head", "mesh.pipe", "seed", "model"} <= keys and len(keys) > 40
+    assert sorted(keys - set(KEY_POLICY)) == [], "jaxpar keys torchref neither mirrors nor rejects"
+    assert sorted(set(KEY_POLICY) - keys) == [], "KEY_POLICY names keys jaxpar does not have"
+    assert {kind for kind, _ in KEY_POLICY.values()} == KINDS
+    assert all(len(why) >= 8 for _, why in KEY_POLICY.values())
+    assert set(SAMPLE) == keys
+
+
+def test_issue_keys_change_math_and_none_is_no_math():
+    """The issue's list of math keys (all of train.*, model.*, precision, seed, init, data, tokenizer)
+    may only be mirrored, same-math or rejected, except the train keys that only log or save."""
+    output_only = {"train.eval_every", "train.eval_batches", "train.ckpt_every", "train.log_every"}
+    math = {k for k in jaxpar_keys() if k.split(".")[0] in ("train", "model")} | {
+        "precision", "seed", "init", "data", "tokenizer"}
+    assert {k for k in math if KEY_POLICY[k][0] == "no-math"} == output_only
+    assert KEY_POLICY["train.grad_accum"][0] == "mirrored"
+
+
+@pytest.mark.parametrize("key", sorted(k for k, (kind, _) in KEY_POLICY.items() if kind == "rejected"))
+def test_rejected_keys_fail_with_one_line(key):
+    with pytest.raises(ConfigError) as e:
+        resolve_ref(TINY + [f"{key}={SAMPLE[key]}"])
+    msg = str(e.value)
+    assert msg == f"{key}={SAMPLE[key]} is not supported by torchref ({KEY_POLICY[key][1]})"
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize("key", sorted(k for k, (kind, _) in KEY_POLICY.items() if kind != "rejected"
+                                       and k not in ("init", "precision")))
+def test_accepted_keys_reach_the_workers(key):
+    """An accepted key is carried into the Config the workers get (Job serialises it)."""
+    from torchref.runtime import Job
+
+    cfg, ref = resolve_ref(TINY + [f"{key}={SAMPLE[key]}"])
+    job = Job.from_json(Job(cfg, ref, "d", "i", "o").to_json())
+    want = C.resolve(TINY + [f"{key}={SAMPLE[key]}"])
+    head, _, rest = key.partition(".")
+    get = (lambda c: getattr(getattr(c, head), rest)) if rest else (lambda c: getattr(c, "model_name" if key == "model" else key))
+    assert get(job.cfg) == get(want) != get(C.resolve(TINY))
+
+
+def test_precision_and_init_policies():
+    cfg, _ = resolve_ref(TINY + ["precision=fp32"])
+    assert cfg.precision == "fp32"
+    cfg, _ = resolve_ref(TINY + ["strategy=distributed-ps-amp", "workers=2", "precision=bf16"])
+    assert cfg.precision == "bf16"
+    cfg, _ = resolve_ref(TINY + ["init=some/hf_dir"])
+    assert cfg.init == "some/hf_dir"
