@@ -1,0 +1,67 @@
+"""Property-based parity (hypothesis): jaxpar and torchref agree step by step on configurations
+drawn over the whole shared space (`parity_tests.property`: model shape, every optimizer and
+schedule key, grad_accum, memory knobs, seed, a jaxpar mesh on 8 emulated devices, a synchronous
+fp32 torchref strategy), within the fp32 trajectory bounds of `parity_tests/tolerances.py`.
+
+Default run: a fixed-seed handful (`derandomize=True`). `python -m pytest -m slow parity_tests`:
+>= 40 examples, Horovod included. A failing example is shrunk and reported with the commands
+that reproduce it through the CLIs.
+"""
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, note, settings
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from parity_tests import property as P  # noqa: E402
+
+FAST_EXAMPLES = 3
+SLOW_EXAMPLES = 40
+COMMON = dict(deadline=None, derandomize=True, database=None, print_blob=False,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("property"))
+
+
+def test_default_train_settings_from_one_hf_init(root):
+    """The issue's "done when": a jaxpar / torchref pair from one HF init with the DEFAULT train
+    settings (B=8, T=256, lr 6e-4, warmup 100 > steps, cosine to 0.1, wd 0.1, clip 1.0), fp32,
+    agrees step by step within 1e-5 relative loss. Before the schedule fix this pair differed by
+    6e-2 at step 5 (torchref warmed up over 100 steps, jaxpar over min(100, steps))."""
+    from parity_tests.common import TINY, write_data, write_init
+
+    init = write_init(os.path.join(root, "hf_init_seed4"), TINY, seed=4)
+    common = [f"init={init}", f"data={write_data(os.path.join(root, 'data_byte'))}", "train.steps=5", "seed=4"]
+    jx = P.JaxRuns.run(common + ["precision=fp32"], os.path.join(root, "jax_runs.log"))
+    tr = P.run_torchref(common + ["strategy=single"], os.path.join(root, "torchref_default"))
+    res = P.compare(jx, tr)
+    assert res.get("steps") == 5, res
+    assert res["max_loss_rel"] <= 1e-5, res
+    assert res["max_grad_norm_rel"] <= P.BOUNDS["grad_rel"], res
+    # lr(step 4) = 6e-4 * 4/5: the run trains, so the agreement is not that of two frozen models
+    assert tr["losses"][0] - tr["losses"][-1] > 1e-2, res
+
+
+def check(ex: P.Example, root: str) -> None:
+    res = P.run_example(ex, root)
+    note(f"result: {res}")
+    assert res["pass"], f"jaxpar and torchref disagree: {res}\nreproduce:\n{ex.commands(root)}"
+
+
+@settings(max_examples=FAST_EXAMPLES, **COMMON)
+@given(ex=P.examples())
+def test_parity_on_drawn_configurations(ex, root):
+    check(ex, root)
+
+
+@pytest.mark.slow
+@settings(max_examples=SLOW_EXAMPLES, **COMMON)
+@given(ex=P.examples(slow=True))
+def test_parity_on_drawn_configurations_slow(ex, root):
+    check(ex, root)
