@@ -16,6 +16,7 @@ emulates the devices its mesh needs), one at a time: the machines this runs on h
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -76,6 +77,11 @@ ROWS: list[Row] = [
     _tr("horovod"),
     _tr("distributed-ps-amp"),
     _tr("horovod-amp"),
+    # gradient accumulation (2 passes of B/4 rows per worker) against the reference's one pass
+    dataclasses.replace(_tr("distributed-ps"), name="torchref distributed-ps ×2 grad_accum=2",
+                        args=("strategy=distributed-ps", "workers=2", "train.grad_accum=2")),
+    dataclasses.replace(_tr("horovod"), name="torchref horovod ×2 grad_accum=2",
+                        args=("strategy=horovod", "workers=2", "train.grad_accum=2")),
 ]
 # The default (fast) subset: the cross-framework pair on one device.
 FAST = ("jaxpar single", REFERENCE.name)
@@ -89,7 +95,6 @@ EXCLUDED = {
     "steps at the default 2^16 scale), so step k of the run is not step k of the reference",
     "jaxpar pipeline.schedule=circular": "needs n_layer >= pipe × repeats with repeats >= 2; gpt2-tiny has 2 layers "
     "(tests/test_pipeline.py checks circular against gpipe on a deeper model)",
-    "torchref train.grad_accum>1": "torchref refuses grad_accum != 1 (jaxpar supports it)",
 }
 
 

@@ -32,6 +32,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from hypothesis import HealthCheck
 from hypothesis import strategies as st
 
 from parity_tests.tolerances import TRAJECTORY
@@ -71,6 +72,22 @@ class Example:
     jaxpar: tuple[str, ...]  # mesh.* / pipeline.* / memory knobs
     torchref: tuple[str, ...]  # strategy=, workers=
 
+    def summary(self) -> str:
+        """One short line for the report: shape | optimizer | jaxpar layout | torchref strategy."""
+        kv = dict(a.split("=", 1) for a in self.common + self.jaxpar + self.torchref)
+        g = lambda k: kv[k]  # noqa: E731
+        pipe = (f" mb={g('pipeline.microbatches')} {g('pipeline.schedule')}×{g('pipeline.repeats')}"
+                if g("mesh.pipe") != "1" else "")
+        return (f"L{g('model.n_layer')} H{g('model.n_head')} D{g('model.n_embd')} V{g('model.vocab_size')} "
+                f"P{g('model.n_positions')} | B{g('train.batch_size')} T{g('train.seq_len')} "
+                f"steps {g('train.steps')} wu {g('train.warmup_steps')} lr {float(g('train.lr')):.2g} "
+                f"r {float(g('train.min_lr_ratio')):.2g} wd {float(g('train.weight_decay')):.2g} "
+                f"b {float(g('train.beta1')):.2f}/{float(g('train.beta2')):.3f} eps {float(g('train.eps')):.0e} "
+                f"clip {float(g('train.grad_clip')):g} accum {g('train.grad_accum')} seed {g('seed')} | "
+                f"d{g('mesh.data')} f{g('mesh.fsdp')} t{g('mesh.tensor')} p{g('mesh.pipe')}{pipe} "
+                f"remat {g('train.remat')} vc {g('train.vocab_chunks')} mc {g('train.mlp_chunks')} | "
+                f"{g('strategy')}×{g('workers')}")
+
     def data_dir(self, root: str) -> str:
         return os.path.join(root, f"data_v{self.vocab}")
 
@@ -81,6 +98,13 @@ class Example:
         return (f"python -c \"from parity_tests.common import write_data; write_data('{d}', {self.vocab}, 20000)\"\n"
                 f"jaxpar train {common} {' '.join(self.jaxpar)} precision=fp32 train.eval_every=0 out=/tmp/px_jax\n"
                 f"torchref train {common} {' '.join(self.torchref)} out=/tmp/px_torch")
+
+
+# hypothesis settings of the property set (test and report): reproducible draws, no deadline
+# (an example compiles a program), no example database in the checkout.
+SETTINGS = dict(deadline=None, derandomize=True, database=None, print_blob=False,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SLOW_EXAMPLES = 40
 
 
 def _divisors(n: int, cap: int) -> list[int]:
@@ -242,3 +266,22 @@ def run_example(ex: Example, root: str) -> dict:
     jx = JaxRuns.run(common + list(ex.jaxpar) + ["precision=fp32"], os.path.join(root, "jax_runs.log"))
     tr = run_torchref(common + list(ex.torchref), os.path.join(root, "torchref_run"))
     return {**compare(jx, tr), "compile_s": jx.get("compile_s")}
+
+
+def run_set(root: str, n: int = SLOW_EXAMPLES, log=print) -> list[dict]:
+    """The property set without stopping at a failure (for the report): `n` drawn examples."""
+    from hypothesis import given, settings
+
+    results: list[dict] = []
+
+    @settings(max_examples=n, **SETTINGS)
+    @given(ex=examples(slow=True))
+    def one(ex):
+        res = run_example(ex, root)
+        results.append({"config": ex.summary(), **res, "commands": ex.commands(root)})
+        verdict = "PASS" if res["pass"] else f"FAIL {res.get('error', '')}"
+        log(f"[property] {len(results)}/{n} {ex.summary()}: {verdict} "
+            f"(loss {res.get('max_loss_rel', float('nan')):.1e}, grad norm {res.get('max_grad_norm_rel', float('nan')):.1e})")
+
+    one()
+    return results

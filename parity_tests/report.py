@@ -1,10 +1,12 @@
 """The parity matrix at a glance: `python -m parity_tests.report [--out DIR] [--fast] [--rows A,B]`.
 
-Runs the single-device model parity (gpt2-tiny and a non-preset shape) and the training matrix
-(every jaxpar configuration and torchref strategy, `parity_tests.matrix.ROWS`), prints a markdown
-table and writes DIR/parity.md and DIR/parity.json (default DIR: parity_report/). Exit code 0 when
-every row is within `parity_tests/tolerances.py`, 1 otherwise. `--fast`: only the default-test
-subset (jaxpar single vs torchref single). The full matrix takes ~10 minutes on 2 CPU cores.
+Runs the single-device model parity (gpt2-tiny and a non-preset shape), the training matrix
+(every jaxpar configuration and torchref strategy, `parity_tests.matrix.ROWS`) and the
+property-based set (`parity_tests.property`, >= 40 drawn configurations), prints a markdown
+table and writes DIR/parity.md and DIR/parity.json (default DIR: parity_tests/results/, the
+committed copy) with the date, the commit and the host's CPU flags. Exit code 0 when every row
+is within `parity_tests/tolerances.py`, 1 otherwise. `--fast`: only jaxpar single vs torchref
+single, no property set. The whole report takes ~30-60 minutes on 2 shared CPU cores.
 """
 
 from __future__ import annotations
@@ -17,6 +19,32 @@ import tempfile
 import time
 
 MODEL_SHAPES = (("gpt2-tiny", "TINY"), ("odd: L=3 D=60 H=5 V=101", "ODD"))
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "avx512_fp16")
+NATIVE_BF16 = ("avx512_bf16", "amx_bf16")
+
+
+def host() -> dict:
+    """Date, commit and the CPU facts that decide bf16 speed and rounding paths."""
+    import datetime
+    import platform
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=root).stdout.strip()  # noqa: E731
+    flags, model = set(), platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+                elif line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return {"date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
+            "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "cpu": model, "cores": os.cpu_count(), "cpu_flags": {f: f in flags for f in CPU_FLAGS},
+            "native_bf16": any(f in flags for f in NATIVE_BF16)}
 
 
 def model_row(name: str, r) -> dict:
@@ -56,6 +84,18 @@ def markdown(rep: dict) -> str:
     from parity_tests.tolerances import MODEL, TRAJECTORY
 
     L = ["# jaxpar vs torchref parity", ""]
+    h = rep.get("host")
+    if h:
+        present = [f for f, on in h["cpu_flags"].items() if on]
+        L += [f"Measured {h['date_utc']} UTC at commit `{h['commit'][:12]}`{' (+ local changes)' if h['dirty'] else ''} "
+              f"on {h['cpu']} ({h['cores']} cores; flags: {', '.join(present) or 'none of ' + ', '.join(CPU_FLAGS)}).", ""]
+        if h["native_bf16"]:
+            L += ["bf16: this CPU has native bf16 (" + ", ".join(f for f in NATIVE_BF16 if h["cpu_flags"][f]) + "); "
+                  "the bf16 rows below (jaxpar precision=bf16, torchref -amp = autocast(bf16)) ran on it.", ""]
+        else:
+            L += ["bf16: this CPU has NO native bf16 (neither avx512_bf16 nor amx_bf16): the bf16 rows below ran "
+                  "through software bf16 (XLA and torch emulate the conversions); their bounds are the same, "
+                  "their speed is not representative.", ""]
     if rep.get("model_parity"):
         L += ["## Model parity (fp32, one device, shared numpy init through the HF converters)", "",
               f"Bounds: logits abs {_e(MODEL['logits_abs'])}, loss rel {_e(MODEL['loss_rel'])}, grads rel "
@@ -84,21 +124,52 @@ def markdown(rep: dict) -> str:
                      f"{_e(r['max_grad'])} | {_e(r['grad_bound'])} | {_e(r['max_grad_norm_rel'])} | "
                      f"{'PASS' if r['pass'] else 'FAIL'} |")
         L += ["", "### Excluded", ""] + [f"- **{e['row']}**: {e['reason']}" for e in t["excluded"]]
+    if rep.get("property"):
+        p = rep["property"]
+        n_pass = sum(e["pass"] for e in p["examples"])
+        L += ["", f"## Property-based set ({len(p['examples'])} drawn configurations, {n_pass} pass)", "",
+              "Each example draws a model shape, every optimizer and schedule key, grad_accum, memory knobs, seed, "
+              "a jaxpar mesh on 8 emulated devices and a synchronous fp32 torchref strategy "
+              "(`parity_tests/property.py`); both sides start from the shared numpy init. Per step: loss and "
+              f"logged pre-clip grad norm, bounds {_e(p['bounds']['loss_rel'])} / {_e(p['bounds']['grad_rel'])} "
+              "(tolerances.TRAJECTORY['fp32']). Configuration: layers/heads/embd/vocab/positions | batch, seq, "
+              "steps, warmup, lr, min_lr_ratio, wd, betas, eps, clip, accum, seed | jaxpar mesh and knobs | "
+              "torchref strategy×workers.", "",
+              "| # | configuration | steps | max loss diff (rel) | max grad-norm diff (rel) | pass |", "|---|---|---|---|---|---|"]
+        for i, e in enumerate(p["examples"], 1):
+            if "error" in e:
+                L.append(f"| {i} | {e['config']} | — | — | — | FAIL: {e['error'][:200]} |")
+            else:
+                L.append(f"| {i} | {e['config']} | {e['steps']} | {_e(e['max_loss_rel'])} | "
+                         f"{_e(e['max_grad_norm_rel'])} | {'PASS' if e['pass'] else 'FAIL'} |")
+        fails = [e for e in p["examples"] if not e["pass"]]
+        for e in fails[:3]:
+            L += ["", "Reproduce a failing example:", "", "```", e["commands"], "```"]
+        L += ["", "Left out of the draw:", ""] + [f"- **{k}**: {v}" for k, v in p["excluded"].items()]
     L += ["", f"Overall: {'PASS' if rep['pass'] else 'FAIL'}", ""]
     return "\n".join(L)
 
 
-def build(root: str, fast: bool = False, rows: list[str] | None = None, model: bool = True, log=print) -> dict:
+def build(root: str, fast: bool = False, rows: list[str] | None = None, model: bool = True, log=print,
+          examples: int = 0) -> dict:
     from parity_tests import matrix
 
     t0 = time.perf_counter()
-    rep: dict = {}
+    rep: dict = {"host": host()}
     if model:
         log("[parity] model parity (gpt2-tiny, odd shape) ...")
         rep["model_parity"] = model_rows(root)
     names = list(matrix.FAST) if fast else rows
     rep["training"] = matrix.run_matrix(root, names, log=log)
+    if examples:
+        from parity_tests import property as P
+
+        log(f"[parity] property-based set ({examples} examples) ...")
+        exs = P.run_set(os.path.join(root, "property"), examples, log=log)
+        P.JaxRuns.close()
+        rep["property"] = {"examples": exs, "bounds": P.BOUNDS, "excluded": P.EXCLUDED}
     oks = [m["pass"] for m in rep.get("model_parity", [])] + [r["pass"] for r in rep["training"]["rows"]]
+    oks += [e["pass"] for e in rep.get("property", {}).get("examples", [])]
     rep["pass"] = all(oks)
     rep["wall_s"] = time.perf_counter() - t0
     return rep
@@ -106,15 +177,18 @@ def build(root: str, fast: bool = False, rows: list[str] | None = None, model: b
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m parity_tests.report", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="parity_report", help="where parity.md and parity.json go")
-    ap.add_argument("--fast", action="store_true", help="only jaxpar single vs torchref single")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
+                    help="where parity.md and parity.json go (default: parity_tests/results)")
+    ap.add_argument("--fast", action="store_true", help="only jaxpar single vs torchref single, no property set")
+    ap.add_argument("--examples", type=int, default=40, help="property-based examples (default 40)")
     ap.add_argument("--rows", default="", help="comma-separated row names (default: all)")
     ap.add_argument("--no-model", action="store_true", help="skip the single-device model parity")
     ap.add_argument("--workdir", default="", help="keep the runs here (default: a temp dir)")
     a = ap.parse_args(argv)
     root = a.workdir or tempfile.mkdtemp(prefix="parity_")
     rows = [r.strip() for r in a.rows.split(",") if r.strip()] or None
-    rep = build(root, a.fast, rows, not a.no_model, log=lambda m: print(m, file=sys.stderr, flush=True))
+    rep = build(root, a.fast, rows, not a.no_model, log=lambda m: print(m, file=sys.stderr, flush=True),
+                examples=0 if a.fast else a.examples)
     md = markdown(rep)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "parity.md"), "w") as f:

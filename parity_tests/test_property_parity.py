@@ -11,7 +11,7 @@ that reproduce it through the CLIs.
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import given, note, settings
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -19,9 +19,6 @@ pytest.importorskip("transformers")
 from parity_tests import property as P  # noqa: E402
 
 FAST_EXAMPLES = 3
-SLOW_EXAMPLES = 40
-COMMON = dict(deadline=None, derandomize=True, database=None, print_blob=False,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +51,14 @@ def check(ex: P.Example, root: str) -> None:
     assert res["pass"], f"jaxpar and torchref disagree: {res}\nreproduce:\n{ex.commands(root)}"
 
 
-@settings(max_examples=FAST_EXAMPLES, **COMMON)
+@settings(max_examples=FAST_EXAMPLES, **P.SETTINGS)
 @given(ex=P.examples())
 def test_parity_on_drawn_configurations(ex, root):
     check(ex, root)
 
 
 @pytest.mark.slow
-@settings(max_examples=SLOW_EXAMPLES, **COMMON)
+@settings(max_examples=P.SLOW_EXAMPLES, **P.SETTINGS)
 @given(ex=P.examples(slow=True))
 def test_parity_on_drawn_configurations_slow(ex, root):
     check(ex, root)
