@@ -62,3 +62,26 @@ def test_parity_on_drawn_configurations(ex, root):
 @given(ex=P.examples(slow=True))
 def test_parity_on_drawn_configurations_slow(ex, root):
     check(ex, root)
+
+
+def test_report_renders_host_and_property_set():
+    """The committed report states the host's bf16 capability and lists every property example,
+    failing ones with their reproduction commands (a fake report: no runs here)."""
+    from parity_tests.report import CPU_FLAGS, markdown
+
+    flags = dict.fromkeys(CPU_FLAGS, False) | {"avx2": True}
+    host = {"date_utc": "2026-01-02 03:04", "commit": "0123456789abcdef", "dirty": False, "cpu": "Some CPU",
+            "cores": 2, "cpu_flags": flags, "native_bf16": False}
+    ok = {"config": "cfgA", "pass": True, "steps": 3, "max_loss_rel": 2e-7, "max_grad_norm_rel": 3e-7, "commands": "a"}
+    bad = {"config": "cfgB", "pass": False, "error": "boom", "commands": "jaxpar train X\ntorchref train Y"}
+    md = markdown({"host": host, "property": {"examples": [ok, bad], "bounds": P.BOUNDS, "excluded": P.EXCLUDED},
+                   "pass": False})
+    assert "Measured 2026-01-02 03:04 UTC at commit `0123456789ab` on Some CPU (2 cores; flags: avx2)." in md
+    assert "this CPU has NO native bf16 (neither avx512_bf16 nor amx_bf16)" in md
+    assert "## Property-based set (2 drawn configurations, 1 pass)" in md
+    assert "| 1 | cfgA | 3 | 2.0e-07 | 3.0e-07 | PASS |" in md
+    assert "| 2 | cfgB | — | — | — | FAIL: boom |" in md
+    assert "```\njaxpar train X\ntorchref train Y\n```" in md
+    assert all(f"- **{k}**:" in md for k in P.EXCLUDED) and md.endswith("Overall: FAIL\n")
+    host = host | {"native_bf16": True, "cpu_flags": flags | {"amx_bf16": True}}
+    assert "this CPU has native bf16 (amx_bf16)" in markdown({"host": host, "pass": True})
