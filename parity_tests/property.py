@@ -4,13 +4,13 @@ An example is one training configuration drawn over the whole space `jaxpar trai
 `torchref train` share, plus a jaxpar mesh and a torchref strategy:
 
   model      n_layer 1-4, n_head 1-5 with head_dim 8-24, vocab 50-300 (odd sizes too),
-             n_positions = seq_len + 0..16
+             n_positions = seq_len + 0..16, layer_norm_epsilon
   train      batch_size, seq_len 4-32, steps 1-12, warmup_steps 0-15 (often > steps), lr,
              min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip in {0 (off), 1e-6 (always
              clips), 1e6 (never clips)}, grad_accum 1-4, remat, vocab_chunks, mlp_chunks; seed
   jaxpar     a (data, fsdp, tensor, pipe) mesh of 1-8 of the 8 emulated devices that jaxpar's own
              checks accept for the drawn shape (pipeline.microbatches, schedule gpipe|circular,
-             repeats), precision=fp32
+             repeats), sharding.replicate groups, precision=fp32
   torchref   single, or single-ps | distributed-ps | horovod with 2 or 4 workers (the
              synchronous fp32 strategies); `horovod` only when `slow` (mpiexec starts cost ~10 s)
 
@@ -24,6 +24,9 @@ write the data, `jaxpar train ...`, `torchref train ...`.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
+import io
 import json
 import math
 import os
@@ -35,6 +38,8 @@ from pathlib import Path
 from hypothesis import HealthCheck
 from hypothesis import strategies as st
 
+from jaxpar.config import Config, ConfigError, MeshConfig, ModelConfig, PipelineConfig, TrainConfig
+from jaxpar.train import check_model_vs_mesh
 from parity_tests.tolerances import TRAJECTORY
 
 BOUNDS = TRAJECTORY["fp32"]  # loss_rel, grad_rel (the grad-norm trajectory is judged by grad_rel)
@@ -45,6 +50,7 @@ MAX_BATCH = 32
 # or same-math key of train.* and model.* is among them or has a reason not to be).
 DRAWN_KEYS = {
     "model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size", "model.n_positions",
+    "model.layer_norm_epsilon", "sharding.replicate",
     "train.steps", "train.batch_size", "train.seq_len", "train.lr", "train.min_lr_ratio", "train.warmup_steps",
     "train.weight_decay", "train.beta1", "train.beta2", "train.eps", "train.grad_clip", "train.grad_accum",
     "train.remat", "train.vocab_chunks", "train.mlp_chunks", "seed", "data",
@@ -79,13 +85,14 @@ class Example:
         pipe = (f" mb={g('pipeline.microbatches')} {g('pipeline.schedule')}×{g('pipeline.repeats')}"
                 if g("mesh.pipe") != "1" else "")
         return (f"L{g('model.n_layer')} H{g('model.n_head')} D{g('model.n_embd')} V{g('model.vocab_size')} "
-                f"P{g('model.n_positions')} | B{g('train.batch_size')} T{g('train.seq_len')} "
+                f"P{g('model.n_positions')} ln {float(g('model.layer_norm_epsilon')):.0e} | B{g('train.batch_size')} T{g('train.seq_len')} "
                 f"steps {g('train.steps')} wu {g('train.warmup_steps')} lr {float(g('train.lr')):.2g} "
                 f"r {float(g('train.min_lr_ratio')):.2g} wd {float(g('train.weight_decay')):.2g} "
                 f"b {float(g('train.beta1')):.2f}/{float(g('train.beta2')):.3f} eps {float(g('train.eps')):.0e} "
                 f"clip {float(g('train.grad_clip')):g} accum {g('train.grad_accum')} seed {g('seed')} | "
                 f"d{g('mesh.data')} f{g('mesh.fsdp')} t{g('mesh.tensor')} p{g('mesh.pipe')}{pipe} "
-                f"remat {g('train.remat')} vc {g('train.vocab_chunks')} mc {g('train.mlp_chunks')} | "
+                f"remat {g('train.remat')} vc {g('train.vocab_chunks')} mc {g('train.mlp_chunks')}"
+                f"{' repl ' + kv['sharding.replicate'] if 'sharding.replicate' in kv else ''} | "
                 f"{g('strategy')}×{g('workers')}")
 
     def data_dir(self, root: str) -> str:
@@ -111,12 +118,15 @@ def _divisors(n: int, cap: int) -> list[int]:
     return [d for d in range(1, cap + 1) if n % d == 0]
 
 
+@functools.cache
 def _meshes(n_layer: int, n_head: int, n_embd: int, vocab: int) -> list[dict]:
     """(data, fsdp, tensor, pipe, microbatches, schedule, repeats) jaxpar's checks accept for this
     shape on <= 8 devices, ignoring the batch (drawn after the mesh so that it divides)."""
-    from jaxpar.config import Config, ConfigError, MeshConfig, ModelConfig, PipelineConfig, TrainConfig
-    from jaxpar.train import check_model_vs_mesh
+    with contextlib.redirect_stderr(io.StringIO()):  # check_pipeline's bubble warnings
+        return _valid_meshes(n_layer, n_head, n_embd, vocab)
 
+
+def _valid_meshes(n_layer: int, n_head: int, n_embd: int, vocab: int) -> list[dict]:
     mc = ModelConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab, n_positions=64)
     out = []
     for data in (1, 2, 4, 8):
@@ -163,6 +173,7 @@ def examples(draw, slow: bool = False) -> Example:
     common = [
         "model=gpt2-tiny", f"model.n_layer={n_layer}", f"model.n_head={n_head}", f"model.n_embd={n_embd}",
         f"model.vocab_size={vocab}", f"model.n_positions={seq_len + draw(st.integers(0, 16))}",
+        f"model.layer_norm_epsilon={_fmt(draw(st.sampled_from([1e-5, 1e-6, 1e-3])))}",
         f"train.batch_size={batch}", f"train.seq_len={seq_len}", f"train.steps={steps}",
         f"train.warmup_steps={draw(st.integers(0, 15))}",
         f"train.lr={_fmt(draw(st.floats(1e-4, 3e-3)))}",
@@ -177,6 +188,9 @@ def examples(draw, slow: bool = False) -> Example:
     if mesh["pipe"] > 1:
         jx += [f"pipeline.microbatches={mesh['mb']}", f"pipeline.schedule={mesh['schedule']}",
                f"pipeline.repeats={mesh['repeats']}"]
+    replicate = draw(st.lists(st.sampled_from(["embed", "attn", "mlp"]), unique=True, max_size=2))
+    if replicate:  # per-group OSDP: these groups stay whole over fsdp
+        jx.append(f"sharding.replicate={','.join(replicate)}")
     mlp_chunks = [1] if mesh["pipe"] > 1 else _divisors(4 * n_embd, 4)  # see EXCLUDED
     jx += [f"train.remat={draw(st.sampled_from(['none', 'selective', 'full']))}",
            f"train.vocab_chunks={draw(st.sampled_from(_divisors(seq_len, 4)))}",

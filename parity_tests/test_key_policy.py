@@ -91,3 +91,20 @@ def test_precision_and_init_policies():
     assert cfg.precision == "bf16"
     cfg, _ = resolve_ref(TINY + ["init=some/hf_dir"])
     assert cfg.init == "some/hf_dir"
+
+
+# Mirrored / same-math keys the property test does not draw, and where they are checked instead.
+CHECKED_ELSEWHERE = {
+    "model": "every drawn example starts from model=gpt2-tiny and overrides each shape key",
+    "tokenizer": "examples read prepared token dirs; raw text goes through jaxpar.data in both (test_data.py)",
+    "precision": "fp32 here; the bf16 rows of the matrix (parity_tests/matrix.py)",
+    "init": "test_property_parity.test_default_train_settings_from_one_hf_init and every matrix row",
+}
+
+
+def test_mirrored_and_same_math_keys_are_drawn_by_the_property_test():
+    from parity_tests.property import DRAWN_KEYS
+
+    need = {k for k, (kind, _) in KEY_POLICY.items() if kind in ("mirrored", "same-math")}
+    assert sorted(need - DRAWN_KEYS) == sorted(CHECKED_ELSEWHERE)
+    assert DRAWN_KEYS <= set(KEY_POLICY)
