@@ -150,24 +150,49 @@ def markdown(rep: dict) -> str:
     return "\n".join(L)
 
 
+def _start_property_set(root: str, n: int, log):
+    """The property set in a thread (its work happens in subprocesses: the jaxpar worker and the
+    torchref ranks), so it overlaps the matrix. Returns a function that joins it."""
+    import threading
+
+    from parity_tests import property as P
+
+    out: dict = {}
+
+    def work():
+        try:
+            out["examples"] = P.run_set(os.path.join(root, "property"), n, log=log)
+        except BaseException as e:  # noqa: BLE001 - reported as a failing row
+            out["examples"] = [{"config": "(property set)", "pass": False, "error": f"{type(e).__name__}: {e}",
+                                "commands": ""}]
+        finally:
+            P.JaxRuns.close()
+
+    log(f"[parity] property-based set ({n} examples) in the background ...")
+    th = threading.Thread(target=work, daemon=True)
+    th.start()
+
+    def join() -> dict:
+        th.join()
+        return {"examples": out["examples"], "bounds": P.BOUNDS, "excluded": P.EXCLUDED}
+
+    return join
+
+
 def build(root: str, fast: bool = False, rows: list[str] | None = None, model: bool = True, log=print,
           examples: int = 0) -> dict:
     from parity_tests import matrix
 
     t0 = time.perf_counter()
     rep: dict = {"host": host()}
+    prop = _start_property_set(root, examples, log) if examples else None  # runs beside the matrix
     if model:
         log("[parity] model parity (gpt2-tiny, odd shape) ...")
         rep["model_parity"] = model_rows(root)
     names = list(matrix.FAST) if fast else rows
     rep["training"] = matrix.run_matrix(root, names, log=log)
-    if examples:
-        from parity_tests import property as P
-
-        log(f"[parity] property-based set ({examples} examples) ...")
-        exs = P.run_set(os.path.join(root, "property"), examples, log=log)
-        P.JaxRuns.close()
-        rep["property"] = {"examples": exs, "bounds": P.BOUNDS, "excluded": P.EXCLUDED}
+    if prop:
+        rep["property"] = prop()
     oks = [m["pass"] for m in rep.get("model_parity", [])] + [r["pass"] for r in rep["training"]["rows"]]
     oks += [e["pass"] for e in rep.get("property", {}).get("examples", [])]
     rep["pass"] = all(oks)
