@@ -22,7 +22,7 @@ SAMPLE = {
     "train.steps": "7", "train.batch_size": "16", "train.seq_len": "16", "train.lr": "1e-3", "train.min_lr_ratio": "0.5",
     "train.warmup_steps": "3", "train.weight_decay": "0.01", "train.beta1": "0.8", "train.beta2": "0.99",
     "train.eps": "1e-6", "train.grad_clip": "0.5", "train.grad_accum": "2", "train.eval_every": "5",
-    "train.eval_batches": "2", "train.ckpt_every": "3", "train.log_every": "2", "train.remat": "full",
+    "train.eval_batches": "2", "train.ckpt_every": "3", "train.log_every": "2", "train.skip_nonfinite": "true", "train.remat": "full",
     "train.vocab_chunks": "2", "train.mlp_chunks": "2", "eval.windows": "4", "sharding.replicate": "embed",
     "data": "some/dir", "tokenizer": "bpe", "precision": "fp32", "seed": "9", "init": "",  # init: checked below
     "out": "runs/x", "resume": "true", "plan": "auto", "dry_run": "true", "device_peak_flops": "1e12",
