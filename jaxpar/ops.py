@@ -79,6 +79,8 @@ def chunked_mlp(x, w_fc, b_fc, w_proj, b_proj, chunks: int, cast):
         h = constrain(jax.nn.gelu(h, approximate=True), ("batch", "seq", "mlp"))
         return acc + (h @ cast(wp_c)).astype(acc.dtype), None
 
-    acc0 = jnp.zeros(x.shape, jnp.float32)
+    # zeros_like, not zeros: inside the pipeline's shard_map x varies over the manual axes and the
+    # scan carry must have the same varying-axes type as the body's output (acc + h·W varies as x).
+    acc0 = jnp.zeros_like(x, jnp.float32)
     y, _ = jax.lax.scan(body, acc0, (wf, bf, wp))
     return add_bias(y.astype(x.dtype), b_proj)

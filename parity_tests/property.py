@@ -61,10 +61,6 @@ DRAWN_KEYS = {
 
 # Parts of the space left out of the draw, with the reason (listed in the report, never silent).
 EXCLUDED = {
-    "jaxpar mesh.pipe>1 with train.mlp_chunks>1": "jaxpar bug found by this test (first run): the chunked MLP's "
-    "lax.scan inside the pipeline's shard_map fails to trace ('scan body function carry input and carry output "
-    "must have equal types', jaxpar/ops.py chunked_mlp). Reproduce: jaxpar train model=gpt2-tiny mesh.pipe=2 "
-    "train.mlp_chunks=2. Drawn again once fixed",
     "torchref -amp strategies, ps.async=true": "not fp32 / not synchronous: bounded by the bf16 rows of the matrix "
     "or not step-comparable (parity_tests.matrix.EXCLUDED)",
     "model.dropout>0": "torchref rejects it (its dropout masks cannot be jaxpar's)",
@@ -192,7 +188,8 @@ def examples(draw, slow: bool = False) -> Example:
     replicate = draw(st.lists(st.sampled_from(["embed", "attn", "mlp"]), unique=True, max_size=2))
     if replicate:  # per-group OSDP: these groups stay whole over fsdp
         jx.append(f"sharding.replicate={','.join(replicate)}")
-    mlp_chunks = [1] if mesh["pipe"] > 1 else _divisors(4 * n_embd, 4)  # see EXCLUDED
+    # pipe > 1 with mlp_chunks > 1 was excluded until its scan-carry bug (found here) was fixed in jaxpar/ops.py
+    mlp_chunks = _divisors(4 * n_embd, 4)
     jx += [f"train.remat={draw(st.sampled_from(['none', 'selective', 'full']))}",
            f"train.vocab_chunks={draw(st.sampled_from(_divisors(seq_len, 4)))}",
            f"train.mlp_chunks={draw(st.sampled_from(mlp_chunks))}"]
