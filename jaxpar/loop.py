@@ -53,6 +53,9 @@ def prepare_config(cfg: Config) -> tuple[Config, dict | None]:
     init_params = None
     if cfg.init:
         model_cfg, init_params = hf.load_hf(cfg.init)
+        # The shape comes from the weights; dropout is a training choice (nanoGPT's from_pretrained
+        # override): model.dropout (default 0), never the HF config's resid_pdrop (0.1 in OpenAI's GPT-2).
+        model_cfg = dataclasses.replace(model_cfg, dropout=cfg.model.dropout)
         cfg = dataclasses.replace(cfg, model=model_cfg, model_name=f"hf:{cfg.init}")
     cfg = dataclasses.replace(cfg, mesh=resolve_mesh_config(cfg.mesh, jax.device_count()))
     validate(cfg)

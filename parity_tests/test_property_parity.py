@@ -8,6 +8,7 @@ Default run: a fixed-seed handful (`derandomize=True`: 2 drawn + 1 pinned). `pyt
 that reproduce it through the CLIs.
 """
 
+import json
 import os
 
 import pytest
@@ -34,6 +35,13 @@ def test_default_train_settings_from_one_hf_init(root):
     from parity_tests.common import TINY, write_data, write_init
 
     init = write_init(os.path.join(root, "hf_init_seed4"), TINY, seed=4)
+    # As in OpenAI's GPT-2 config.json: dropout 0.1 in the HF dir. Both sides train with model.dropout
+    # (default 0), not the dir's pdrop; inheriting it would make jaxpar drop units and torchref refuse.
+    with open(os.path.join(init, "config.json")) as f:
+        hf_cfg = json.load(f)
+    hf_cfg.update(resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
+    with open(os.path.join(init, "config.json"), "w") as f:
+        json.dump(hf_cfg, f)
     common = [f"init={init}", f"data={write_data(os.path.join(root, 'data_byte'))}", "train.steps=5", "seed=4"]
     jx = P.JaxRuns.run(common + ["precision=fp32"], os.path.join(root, "jax_runs.log"))
     tr = P.run_torchref(common + ["strategy=single"], os.path.join(root, "torchref_default"))

@@ -18,12 +18,17 @@ def test_train_from_hf_init_starts_from_those_weights(tmp_path):
     mc = ModelConfig(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64)
     params = gpt2.init_params(mc, seed=11)
     hf.save_hf(tmp_path / "hf", mc, params)
+    # OpenAI's GPT-2 config.json says dropout 0.1; the run's model.dropout (default 0) wins, so step 1's
+    # loss below is the weights' deterministic loss (an inherited 0.1 would drop units and move it).
+    hf_cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    hf_cfg.update(resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(hf_cfg))
     out = tmp_path / "ft"
     r = run(["train", f"init={tmp_path / 'hf'}", "train.steps=3", "train.seq_len=32", "train.batch_size=4",
              "precision=fp32", "train.eval_every=0", f"out={out}"])
     assert r.returncode == 0, r.stderr
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["model"]["n_embd"] == 64 and cfg["init"] == str(tmp_path / "hf")
+    assert cfg["model"]["n_embd"] == 64 and cfg["model"]["dropout"] == 0.0 and cfg["init"] == str(tmp_path / "hf")
     # The first logged loss is the HF weights' loss on step 0's batch.
     from jaxpar import data
 

@@ -84,8 +84,9 @@ def prepare(cfg: Config, ref: RefConfig):
         from jaxpar.models.hf import model_config_from_hf
         from torchref.config import check_rejected
 
-        cfg = replace(cfg, model=model_config_from_hf(cfg.init))
-        check_rejected(cfg)  # e.g. an HF config with resid_pdrop > 0, before anything is written
+        # dropout is the run's model.dropout (default 0), not the HF config's resid_pdrop: as jaxpar train
+        cfg = replace(cfg, model=replace(model_config_from_hf(cfg.init), dropout=cfg.model.dropout))
+        check_rejected(cfg)  # e.g. model.dropout > 0, before anything is written
     # Raw text is tokenized into <out>/data only after its checks (length, vocab) pass, and
     # re-tokenized when data= names another source than the one prepared there.
     data_dir = resolve_data(cfg.data, cfg.tokenizer, str(out), cfg.train.seq_len, cfg.model.vocab_size)

@@ -50,9 +50,10 @@ def model_config_from_hf(path: str) -> ModelConfig:
         raise ConfigError(f"{path!r}: model_type={c.get('model_type')!r}, expected 'gpt2'")
     if c.get("activation_function", "gelu_new") != "gelu_new" or c.get("n_inner") not in (None, 4 * c["n_embd"]):
         raise ConfigError(f"{path!r}: only GPT-2 with gelu_new and n_inner=4*n_embd is supported")
+    # The HF dir's resid/embd/attn_pdrop (0.1 in OpenAI's GPT-2) is not inherited: dropout is a training
+    # choice, the run's model.dropout (default 0), as nanoGPT's from_pretrained override does.
     return ModelConfig(n_layer=c["n_layer"], n_embd=c["n_embd"], n_head=c["n_head"], vocab_size=c["vocab_size"],
-                       n_positions=c["n_positions"], dropout=float(c.get("resid_pdrop", 0.0)),
-                       layer_norm_epsilon=float(c.get("layer_norm_epsilon", 1e-5)))
+                       n_positions=c["n_positions"], layer_norm_epsilon=float(c.get("layer_norm_epsilon", 1e-5)))
 
 
 def to_hf_state_dict(cfg: ModelConfig, params: Params) -> dict[str, np.ndarray]:
