@@ -254,6 +254,9 @@ def device_peak_flops(cfg: Config) -> float:
 def check_model_vs_mesh(mc: ModelConfig, cfg: Config) -> None:
     """Divisibility that sharding needs (cfg.mesh already resolved); one-line errors naming values."""
     mesh, tc = cfg.mesh, cfg.train
+    if mc.attention == "cudnn" and jax.default_backend() != "gpu":
+        raise ConfigError(f"model.attention=cudnn needs a GPU (this backend: {jax.default_backend()}); "
+                          "use model.attention=auto or xla")
     if mesh.pipe > 1:  # stages vs layers, layers_per_stage, microbatches, repeats (+ M < S warning)
         from jaxpar.parallel.pipeline import check_pipeline
 
