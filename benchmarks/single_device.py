@@ -181,12 +181,12 @@ def main(argv=None) -> dict:
         rep = run_config(args, dims, precisions, impls, native_bf16)
         report["configs"][name] = rep
         print_table(name, rep, precisions, impls, threads)
-    report["env"]["loadavg_after"] = os.getloadavg()
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {args.out}")
+        report["env"]["loadavg_after"] = os.getloadavg()
+        if args.out:  # after every configuration, so a long run leaves what it finished
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=2)
+            print(f"wrote {args.out}")
     return report
 
 
