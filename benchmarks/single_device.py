@@ -13,11 +13,18 @@ Fairness rules:
     and the spread (p10/p90 over rounds) per contender;
   * the ratio is `torch_time / jaxpar_time` (> 1: jaxpar is faster).
 
-Default config (state it in reports): 6 layers, n_embd 384, 6 heads, vocab 50257 (GPT-2's BPE),
-seq 256, batch 4 (~4 min on 2 idle cores, mostly torch.compile). All flags override it, e.g. a micro run:
+Configurations (`--configs`, comma list; each runs its own interleaved rounds):
+  small  nanoGPT's CPU config: 4 layers, 4 heads, n_embd 128, vocab 256, seq 64, batch 12
+  mid    6 layers, 6 heads, n_embd 384, vocab 256, seq 256, batch 8
+  gpt2   GPT-2 124M (12 layers, 12 heads, n_embd 768, vocab 50257), seq 256, batch 2
+  custom the --n-layer/--n-embd/--n-head/--vocab/--seq/--batch flags (a micro run for tests:)
 
-    python benchmarks/single_device.py --n-layer 1 --n-embd 64 --n-head 2 --vocab 256 --seq 32 --batch 2 \
-        --rounds 3 --out /tmp/sd.json
+    python benchmarks/single_device.py --configs custom --n-layer 1 --n-embd 64 --n-head 2 --vocab 256 \
+        --seq 32 --batch 2 --rounds 3 --out /tmp/sd.json
+
+torch bf16 (autocast) runs only where torch has a native bf16 gemm (oneDNN avx512_bf16/AMX);
+the report says which (`env.torch_native_bf16`, `skipped`). The host's CPU flags and load
+average (before and after) are recorded, since on a shared machine every figure moves with load.
 
 Writes JSON (default benchmarks/results/single_device.json) and prints a ratio table.
 """
@@ -37,8 +44,28 @@ import numpy as np
 IMPLS = ("jaxpar", "torch_eager", "torch_compile")
 
 
+# name -> (n_layer, n_embd, n_head, vocab, seq, batch); see the module docstring
+CONFIGS = {
+    "small": (4, 128, 4, 256, 64, 12),
+    "mid": (6, 384, 6, 256, 256, 8),
+    "gpt2": (12, 768, 12, 50257, 256, 2),
+}
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni")
+
+
+def cpu_flags() -> list[str]:
+    """The CPU features that decide bf16 speed (see ../shared/DESIGN.md "Machine facts")."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            have = set(next((ln for ln in f if ln.startswith("flags")), "").split(":", 1)[-1].split())
+    except OSError:
+        return []
+    return [c for c in CPU_FLAGS if c in have]
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--configs", default="small,mid,gpt2", help="comma list of " + ",".join([*CONFIGS, "custom"]))
     p.add_argument("--n-layer", type=int, default=6)
     p.add_argument("--n-embd", type=int, default=384)
     p.add_argument("--n-head", type=int, default=6)
@@ -127,35 +154,61 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     precisions = [s for s in args.precisions.split(",") if s]
     impls = [s for s in args.impls.split(",") if s]
+    configs = [s for s in args.configs.split(",") if s]
     for s in precisions:
         assert s in ("fp32", "bf16"), s
     for s in impls:
         assert s in IMPLS, s
+    for s in configs:
+        assert s in (*CONFIGS, "custom"), s
 
     import jax
     import torch
 
     threads = args.threads or os.cpu_count()
     torch.set_num_threads(threads)
+    native_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    load_before = os.getloadavg()
+    report = {
+        "env": {"jax": jax.__version__, "torch": torch.__version__, "threads": threads,
+                "cpu_count": os.cpu_count(), "cpu_flags": cpu_flags(), "jax_devices": str(jax.devices()),
+                "platform": platform.platform(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                "loadavg_before": load_before, "torch_native_bf16": native_bf16},
+        "configs": {},
+    }
+    for name in configs:
+        dims = CONFIGS.get(name) or (args.n_layer, args.n_embd, args.n_head, args.vocab, args.seq, args.batch)
+        rep = run_config(args, dims, precisions, impls, native_bf16)
+        report["configs"][name] = rep
+        print_table(name, rep, precisions, impls, threads)
+        report["env"]["loadavg_after"] = os.getloadavg()
+        if args.out:  # after every configuration, so a long run leaves what it finished
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=2)
+            print(f"wrote {args.out}")
+    return report
 
+
+def run_config(args, dims, precisions, impls, native_bf16) -> dict:
+    """Build every contender for one configuration, then time them interleaved."""
     from jaxpar.config import Config, ModelConfig, TrainConfig
     from jaxpar.models.gpt2 import init_params
     from jaxpar.models.hf import to_hf_state_dict
 
-    mc = ModelConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, vocab_size=args.vocab,
-                     n_positions=max(args.seq, 1024))
+    n_layer, n_embd, n_head, vocab, seq, batch = dims
+    mc = ModelConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab, n_positions=max(seq, 1024))
     # Constant lr (no warmup): both sides do the identical AdamW arithmetic every step.
-    tc = TrainConfig(batch_size=args.batch, seq_len=args.seq, warmup_steps=0, steps=10**6, min_lr_ratio=1.0)
+    tc = TrainConfig(batch_size=batch, seq_len=seq, warmup_steps=0, steps=10**6, min_lr_ratio=1.0)
     params = init_params(mc, args.seed)
     sd = to_hf_state_dict(mc, params)
     rng = np.random.default_rng(args.seed)
-    toks = rng.integers(0, args.vocab, size=(args.batch, args.seq + 1), dtype=np.int64).astype(np.int32)
+    toks = rng.integers(0, vocab, size=(batch, seq + 1), dtype=np.int64).astype(np.int32)
     inputs, targets = toks[:, :-1], toks[:, 1:]
 
     contenders: dict[str, object] = {}
     compile_s: dict[str, float] = {}
     first_loss: dict[str, float] = {}
-    native_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     skipped: dict[str, str] = {}
     for prec in precisions:
         cfg = Config(model=mc, train=tc, precision=prec, seed=args.seed)
@@ -190,8 +243,8 @@ def main(argv=None) -> dict:
             contenders[n]()
             times[n].append(time.perf_counter() - t0)
 
-    tokens = args.batch * args.seq
-    fpt = mc.flops_per_token(args.seq)
+    tokens = batch * seq
+    fpt = mc.flops_per_token(seq)
     results = {}
     for n, ts in times.items():
         med = statistics.median(ts)
@@ -205,43 +258,34 @@ def main(argv=None) -> dict:
         for impl in impls:
             if impl != "jaxpar" and j and f"{impl}/{prec}" in results:
                 ratios[f"{prec}/vs_{impl}"] = results[f"{impl}/{prec}"]["median_s"] / j["median_s"]
-
-    report = {
+    if "jaxpar/fp32" in results and "jaxpar/bf16" in results:  # AVX2 target: bf16 >= jaxpar's own fp32
+        ratios["bf16/vs_jaxpar_fp32"] = results["jaxpar/fp32"]["median_s"] / results["jaxpar/bf16"]["median_s"]
+    return {
         "config": {"n_layer": mc.n_layer, "n_embd": mc.n_embd, "n_head": mc.n_head, "vocab_size": mc.vocab_size,
-                   "seq_len": args.seq, "batch": args.batch, "tokens_per_step": tokens,
+                   "seq_len": seq, "batch": batch, "tokens_per_step": tokens,
                    "flops_per_token": fpt, "warmup": args.warmup, "rounds": args.rounds},
-        "env": {"jax": jax.__version__, "torch": torch.__version__, "threads": threads,
-                "cpu_count": os.cpu_count(), "jax_devices": str(jax.devices()), "platform": platform.platform(),
-                "xla_flags": os.environ.get("XLA_FLAGS", ""), "loadavg": os.getloadavg(),
-                "torch_native_bf16": native_bf16},
         "skipped": skipped,
         "results": results,
         "ratios": ratios,  # torch median / jaxpar median: > 1 means jaxpar is faster
+        "loadavg_end": os.getloadavg(),
     }
-    print_table(report, precisions, impls)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {args.out}")
-    return report
 
 
-def print_table(report, precisions, impls):
-    c = report["config"]
-    print(f"GPT-2 L={c['n_layer']} D={c['n_embd']} H={c['n_head']} V={c['vocab_size']} B={c['batch']} "
-          f"T={c['seq_len']}; median of {c['rounds']} interleaved steps; threads={report['env']['threads']}")
+def print_table(name, rep, precisions, impls, threads):
+    c = rep["config"]
+    print(f"[{name}] GPT-2 L={c['n_layer']} D={c['n_embd']} H={c['n_head']} V={c['vocab_size']} B={c['batch']} "
+          f"T={c['seq_len']}; median of {c['rounds']} interleaved steps; threads={threads}")
     print(f"{'contender':<22}{'median s':>10}{'p10':>8}{'p90':>8}{'tok/s':>9}{'GFLOP/s':>9}{'jaxpar x':>10}")
     for prec in precisions:
         for impl in impls:
             n = f"{impl}/{prec}"
-            if n not in report["results"]:
+            if n not in rep["results"]:
                 continue
-            r = report["results"][n]
-            ratio = "" if impl == "jaxpar" else f"{report['ratios'].get(f'{prec}/vs_{impl}', float('nan')):.2f}x"
+            r = rep["results"][n]
+            ratio = "" if impl == "jaxpar" else f"{rep['ratios'].get(f'{prec}/vs_{impl}', float('nan')):.2f}x"
             print(f"{n:<22}{r['median_s']:>10.3f}{r['p10_s']:>8.3f}{r['p90_s']:>8.3f}{r['tokens_per_s']:>9.0f}"
                   f"{r['gflops_per_s']:>9.1f}{ratio:>10}")
-    print("jaxpar x = torch median / jaxpar median (> 1: jaxpar faster)")
+    print("jaxpar x = torch median / jaxpar median (> 1: jaxpar faster)", flush=True)
 
 
 if __name__ == "__main__":

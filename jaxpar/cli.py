@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 
+from jaxpar import xla_flags
 from jaxpar.config import ConfigError
 
 USAGE = """usage: jaxpar <command> [--config FILE.yaml] [key=value ...]
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         _error_line(f"unknown command {cmd!r} (choose from {', '.join(COMMANDS)})")
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    xla_flags.apply_gpu_defaults()  # collective-overlap flags on GPU, before JAX starts
     module, func = COMMANDS[cmd].split(":")
     try:
         return int(getattr(importlib.import_module(module), func)(rest) or 0)

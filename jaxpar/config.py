@@ -31,6 +31,9 @@ class ModelConfig:
     n_positions: int = 1024
     dropout: float = 0.0  # resid/embd/attn dropout; 0 by default so runs are deterministic
     layer_norm_epsilon: float = 1e-5
+    # attention core: auto (cuDNN flash attention on GPU, jaxpar's einsum core elsewhere) |
+    # xla | cudnn (jax.nn.dot_product_attention with that implementation)
+    attention: str = "auto"
 
     @property
     def head_dim(self) -> int:
@@ -139,6 +142,7 @@ class Config:
 
 
 PRECISIONS = ("bf16", "fp32")
+ATTENTIONS = ("auto", "xla", "cudnn")
 SCHEDULES = ("gpipe", "circular")
 REMATS = ("none", "selective", "full")
 REMAT_ALIASES = {"true": "full", "false": "none"}  # train.remat used to be a bool
@@ -276,6 +280,11 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
     if m.vocab_size > 65536:
         raise ConfigError(f"model.vocab_size={m.vocab_size} does not fit uint16 token files (max 65536)")
+    if m.attention not in ATTENTIONS:
+        raise ConfigError(f"model.attention={m.attention!r} must be one of {', '.join(ATTENTIONS)}")
+    if m.attention != "auto" and m.dropout > 0:
+        raise ConfigError(f"model.attention={m.attention} has no attention dropout (model.dropout={m.dropout}); "
+                          "use model.attention=auto")
     if cfg.precision not in PRECISIONS:
         raise ConfigError(f"precision={cfg.precision!r} must be one of {', '.join(PRECISIONS)}")
     for name in ("steps", "batch_size", "seq_len", "grad_accum"):

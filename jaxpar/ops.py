@@ -25,12 +25,12 @@ import jax
 import jax.numpy as jnp
 
 from jaxpar.logical import constrain
-from jaxpar.precision import add_bias
+from jaxpar.precision import FP32, add_bias
 
 
-def _token_nll_sum(x, w, targets):
+def _token_nll_sum(x, w, targets, policy):
     """Sum over tokens of logsumexp(logits) - logits[target]; x (B, t, D), w (V, D), targets (B, t)."""
-    logits = jnp.einsum("btd,vd->btv", x, w, preferred_element_type=jnp.float32)  # (B, t, V) fp32
+    logits = policy.einsum("btd,vd->btv", x, w)  # (B, t, V) fp32
     logits = constrain(logits, ("batch", "seq", "vocab"))
     lse = jax.nn.logsumexp(logits, axis=-1)
     onehot = jnp.arange(logits.shape[-1], dtype=targets.dtype) == targets[..., None]
@@ -38,10 +38,11 @@ def _token_nll_sum(x, w, targets):
     return jnp.sum(lse - target_logit)
 
 
-def chunked_cross_entropy(x, w, targets, chunks: int):
+def chunked_cross_entropy(x, w, targets, chunks: int, policy=FP32):
     """Mean fp32 cross-entropy of logits x·wᵀ, in `chunks` token chunks along T.
 
-    x (B, T, D) compute dtype (after ln_f), w (V, D) compute dtype (tied wte), targets (B, T)."""
+    x (B, T, D) compute dtype (after ln_f), w (V, D) fp32 master (tied wte), targets (B, T);
+    `policy` (jaxpar.precision) does the logits matmul."""
     B, T, D = x.shape
     if T % chunks:
         raise ValueError(f"seq_len {T} is not divisible by vocab_chunks {chunks}")
@@ -53,17 +54,17 @@ def chunked_cross_entropy(x, w, targets, chunks: int):
     @jax.checkpoint
     def body(acc, xy):
         xc, yc = xy
-        return acc + _token_nll_sum(xc, w, yc), None
+        return acc + _token_nll_sum(xc, w, yc, policy), None
 
     total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (xs, ys))
     return total / (B * T)
 
 
-def chunked_mlp(x, w_fc, b_fc, w_proj, b_proj, chunks: int, cast):
+def chunked_mlp(x, w_fc, b_fc, w_proj, b_proj, chunks: int, policy=FP32):
     """gelu(x·w_fc + b_fc)·w_proj + b_proj with the hidden dim F in `chunks` strided chunks.
 
     x (B, T, D) compute dtype; w_fc (D, F), b_fc (F,), w_proj (F, D), b_proj (D,) fp32 params;
-    `cast` is the precision policy's cast to the compute dtype."""
+    `policy` (jaxpar.precision) does the matmuls."""
     D, F = w_fc.shape
     if F % chunks:
         raise ValueError(f"MLP hidden dim {F} is not divisible by mlp_chunks {chunks}")
@@ -75,9 +76,9 @@ def chunked_mlp(x, w_fc, b_fc, w_proj, b_proj, chunks: int, cast):
     @jax.checkpoint
     def body(acc, w):
         wf_c, bf_c, wp_c = w
-        h = add_bias(x @ cast(wf_c), bf_c)
+        h = policy.linear("btd,df->btf", x, wf_c, bf_c)
         h = constrain(jax.nn.gelu(h, approximate=True), ("batch", "seq", "mlp"))
-        return acc + (h @ cast(wp_c)).astype(acc.dtype), None
+        return acc + policy.einsum("btf,fd->btd", h, wp_c), None  # fp32 partial sum
 
     # zeros_like, not zeros: inside the pipeline's shard_map x varies over the manual axes and the
     # scan carry must have the same varying-axes type as the body's output (acc + h·W varies as x).

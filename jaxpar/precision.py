@@ -1,15 +1,73 @@
-"""Dtype policy.
+"""Dtype policy: which dtype every tensor and every matmul's accumulation and output use.
 
-bf16 (default): fp32 master params, optimizer state and gradient reduction; matmul
-inputs and activations in bf16; LayerNorm statistics, softmax, logits and loss in fp32.
-fp32: everything in fp32, for exact comparisons (parity and sharding tests).
+bf16 (default):
+  * params, gradients, their reduction over data/fsdp, optimizer state: fp32;
+  * matmul operands: bf16 (weights cast from the fp32 masters at the point of use);
+  * matmul accumulation: fp32 always;
+  * matmul output: on CPU fp32 (`preferred_element_type=float32`), then bias added in fp32
+    and cast to bf16 once; on GPU/TPU bf16 (cuBLAS/MXU accumulate in fp32 anyway and write
+    bf16; an fp32 output would double the tensor-parallel all-reduce bytes);
+  * activations between ops: bf16; LayerNorm statistics, softmax, logits and loss: fp32;
+  * biases added in fp32 (`add_bias`), so bias gradients are fp32 sums.
+  Why fp32 matmul outputs on CPU: XLA:CPU runs a bf16 x bf16 -> fp32 dot on the native bf16
+  units (avx512_bf16/AMX) but a bf16 -> bf16 dot through a slow path: 2048x384 @ 384x1536
+  measured 347 vs 750 GFLOP/s on an idle avx512_bf16 host (3.5x apart on a loaded one,
+  benchmarks/README.md). `einsum` below keeps all three dots of a matmul's forward and
+  backward in that fast form: the backward casts the incoming fp32 cotangent to bf16 (what
+  torch.autocast does), and the weight gradient leaves the dot in fp32 (not rounded to bf16).
+  Only for weight matmuls (no batch dims): XLA:CPU lowers batched dots (attention's
+  scores and probs·V) to a generic kernel with no bf16 x bf16 -> fp32 case, which fails at run
+  time ("Unsupported element type for DotThunk::Execute"), so those keep bf16 outputs.
+fp32: every tensor and every matmul in fp32, for exact comparisons (parity, sharding tests).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
+
+
+def _transpose_specs(spec: str) -> tuple[str, str]:
+    """'btd,df->btf' -> ('btf,df->btd', 'btd,btf->df'): the einsums giving each operand's
+    cotangent. Valid when every index of an operand also appears in the other operand or the
+    output (no index summed within one operand), which holds for every matmul in the model."""
+    ins, out = spec.split("->")
+    a, b = ins.split(",")
+    if any(c not in b + out for c in a) or any(c not in a + out for c in b):
+        raise ValueError(f"einsum {spec!r}: an operand index appears nowhere else")
+    return f"{out},{b}->{a}", f"{a},{out}->{b}"
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def mixed_einsum(spec: str, a, b, dtype=jnp.bfloat16):
+    """einsum of a, b cast to `dtype`, accumulated and returned in fp32; the backward dots
+    are `dtype` x `dtype` -> fp32 too, each cotangent returned in its operand's dtype."""
+    return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _mixed_fwd(spec, a, b, dtype):
+    # residuals: the operands as given (an fp32 master weight is alive anyway; no 2nd copy)
+    return mixed_einsum(spec, a, b, dtype), (a, b)
+
+
+def _mixed_bwd(spec, dtype, res, g):
+    a, b = res
+    ta, tb = _transpose_specs(spec)
+    g = g.astype(dtype)
+    da = jnp.einsum(ta, g, b.astype(dtype), preferred_element_type=jnp.float32)
+    db = jnp.einsum(tb, a.astype(dtype), g, preferred_element_type=jnp.float32)
+    return da.astype(a.dtype), db.astype(b.dtype)
+
+
+mixed_einsum.defvjp(_mixed_fwd, _mixed_bwd)
+
+
+def _fp32_out_dots() -> bool:
+    """Matmuls return fp32 on the CPU backend only (see the module docstring)."""
+    return jax.default_backend() == "cpu"
 
 
 @dataclass(frozen=True)
@@ -23,6 +81,22 @@ class Policy:
         """Cast a (fp32) parameter or activation to the compute dtype."""
         return x.astype(self.compute_dtype)
 
+    def einsum(self, spec: str, a, b):
+        """fp32 result of a weight matmul (no batch dims) with compute-dtype operands (logits)."""
+        if self.compute_dtype == jnp.float32:
+            return jnp.einsum(spec, a.astype(jnp.float32), b.astype(jnp.float32))
+        if _fp32_out_dots():
+            return mixed_einsum(spec, a, b, self.compute_dtype)
+        return jnp.einsum(spec, self.cast(a), self.cast(b), preferred_element_type=jnp.float32)
+
+    def linear(self, spec: str, x, w, bias=None):
+        """einsum(x, w) (+ bias in fp32), in the compute dtype: every matmul of the blocks."""
+        if self.compute_dtype == jnp.float32 or _fp32_out_dots():
+            y = self.einsum(spec, x, w)  # fp32
+            return (y if bias is None else y + bias).astype(self.compute_dtype)
+        y = jnp.einsum(spec, self.cast(x), self.cast(w))  # bf16 out (fp32 accumulation in the unit)
+        return y if bias is None else add_bias(y, bias)
+
 
 def add_bias(y, bias):
     """y + bias computed in fp32 and cast back to y's dtype. With bf16 activations the bias
@@ -33,6 +107,9 @@ def add_bias(y, bias):
 
 
 POLICIES = {"bf16": Policy("bf16", jnp.bfloat16), "fp32": Policy("fp32", jnp.float32)}
+
+
+FP32 = POLICIES["fp32"]
 
 
 def get_policy(name: str) -> Policy:

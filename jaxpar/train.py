@@ -25,6 +25,7 @@ from jaxpar.config import Config, ConfigError, ModelConfig, TrainConfig
 from jaxpar.logical import activation_rules
 from jaxpar.mesh import build_mesh
 from jaxpar.models import gpt2
+from jaxpar.parallel import tied
 from jaxpar.precision import get_policy
 
 State = dict[str, Any]
@@ -114,13 +115,20 @@ def make_loss_fn(cfg: Config, mesh) -> Callable:
         return make_pipeline_loss_fn(cfg, mesh)
     policy, mc = get_policy(cfg.precision), cfg.model
     rules = shd.activation_rules(cfg.mesh)
+    groups = tied.groups_for(mesh)
+    if groups > 1:  # the batch split moves to the vmapped group dim: jaxpar.parallel.tied
+        rules = {**rules, "batch": None}
 
     def loss(params, inputs, targets, key):
         with activation_rules(mesh, rules):
             return gpt2.loss_fn(mc, params, inputs, targets, policy, key, cfg.train.remat,
                                 cfg.train.vocab_chunks, cfg.train.mlp_chunks)
 
-    return loss
+    # data parallel: the tied wte gradient (lookup + head) is summed before its one reduction
+    if groups == 1:
+        return loss
+    wte_spec = shd.param_specs(gpt2.param_axes(mc), shd.param_rules(cfg.mesh))["wte"]["weight"]
+    return tied.grouped_loss(loss, mesh, groups, wte_spec)
 
 
 def build_trainer(cfg: Config, mesh=None) -> Trainer:
@@ -246,6 +254,9 @@ def device_peak_flops(cfg: Config) -> float:
 def check_model_vs_mesh(mc: ModelConfig, cfg: Config) -> None:
     """Divisibility that sharding needs (cfg.mesh already resolved); one-line errors naming values."""
     mesh, tc = cfg.mesh, cfg.train
+    if mc.attention == "cudnn" and jax.default_backend() != "gpu":
+        raise ConfigError(f"model.attention=cudnn needs a GPU (this backend: {jax.default_backend()}); "
+                          "use model.attention=auto or xla")
     if mesh.pipe > 1:  # stages vs layers, layers_per_stage, microbatches, repeats (+ M < S warning)
         from jaxpar.parallel.pipeline import check_pipeline
 

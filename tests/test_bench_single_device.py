@@ -15,20 +15,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_single_device_benchmark_micro(tmp_path):
     out = tmp_path / "sd.json"
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "single_device.py"), "--n-layer", "1", "--n-embd", "32",
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "single_device.py"), "--configs", "custom",
+           "--n-layer", "1", "--n-embd", "32",
            "--n-head", "2", "--vocab", "64", "--seq", "16", "--batch", "2", "--impls", "jaxpar,torch_eager",
            "--precisions", "fp32,bf16", "--torch-bf16", "full", "--warmup", "0", "--rounds", "2", "--out", str(out)]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "jaxpar x" in proc.stdout
-    rep = json.loads(out.read_text())
-    assert set(rep) >= {"config", "env", "results", "ratios", "skipped"}
+    top = json.loads(out.read_text())
+    assert set(top) == {"env", "configs"} and set(top["configs"]) == {"custom"}
+    env = top["env"]
+    assert set(env) >= {"cpu_flags", "loadavg_before", "loadavg_after", "torch_native_bf16"}
+    assert len(env["loadavg_before"]) == 3 and all(f in open("/proc/cpuinfo").read() for f in env["cpu_flags"])
+    rep = top["configs"]["custom"]
+    assert set(rep) >= {"config", "results", "ratios", "skipped"}
     assert rep["config"]["tokens_per_step"] == 32
     assert set(rep["results"]) == {"jaxpar/fp32", "torch_eager/fp32", "jaxpar/bf16", "torch_eager/bf16"}
     for r in rep["results"].values():
         assert len(r["times_s"]) == 2 and r["median_s"] > 0 and r["tokens_per_s"] > 0
-    assert set(rep["ratios"]) == {"fp32/vs_torch_eager", "bf16/vs_torch_eager"}
+    assert set(rep["ratios"]) == {"fp32/vs_torch_eager", "bf16/vs_torch_eager", "bf16/vs_jaxpar_fp32"}
     assert all(math.isfinite(v) and v > 0 for v in rep["ratios"].values())
     # Same weights and batch on both sides: identical first loss in fp32 (~ln 64), close in bf16.
     res = rep["results"]

@@ -138,22 +138,24 @@ def test_tensor_parallel_divides_layer_state_and_adds_allreduces():
     assert e4.comm_bytes["all-reduce"] > e1.comm_bytes["all-reduce"]
     # tensor: (4 per layer × 4 layers + 2 for embed/head) ring all-reduces of T·b·D·cb bytes over 4;
     # data: one all-reduce over 2 of the fp32 grads (per-tensor-shard elements), ring factor 2·1/2;
-    # the tied wte is reduced twice (lookup grad and logits grad are reduced before they are summed).
+    # the tied wte once (lookup and logits grads summed before the reduction: jaxpar.parallel.tied).
     b = 16 / 2
     tensor_ar = (4 * 4 + 2) * 2 * 3 / 4 * 1024 * b * 1024 * 2
     el = group_elems(m, 4, 1, {g: False for g in GROUPS})
-    grads_ar = 4 * (el["embed"] + m.vocab_size * m.n_embd / 4 + 4 * (el["attn"] + el["mlp"]))
+    grads_ar = 4 * (el["embed"] + 4 * (el["attn"] + el["mlp"]))
     assert e4.comm_bytes["all-reduce"] == pytest.approx(tensor_ar + grads_ar)
 
 
 def test_vocab_chunks_reduce_the_wte_logits_grad_once_per_chunk():
     # chunked_cross_entropy closes over the tied wte inside its scan, so XLA all-reduces the
-    # logits part of the wte grad (V·D fp32) once per chunk: vc - 1 extra ring all-reduces over d
+    # logits part of the wte grad (V·D fp32) once per chunk -- except in plain data parallelism,
+    # where the step sums every chunk's and the lookup's grads before one reduction
+    # (jaxpar.parallel.tied; compiled: 987,399 all-reduce bytes with vc = 1 and with vc = 8)
     m = ModelConfig(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=128)
     w, cpu = Workload(m, 16, 128, "fp32"), get_device("cpu")
     base = estimate(w, Strategy(data=8), cpu).comm_bytes["all-reduce"]
     vc8 = estimate(w, Strategy(data=8, vocab_chunks=8), cpu).comm_bytes["all-reduce"]
-    assert vc8 - base == 7 * 2 * 7 / 8 * 4 * 512 * 64
+    assert vc8 == base
     # ZeRO-3 embed on XLA:CPU (d=2, f=4): per chunk, the full grad over fsdp + its 1/f shard over data
     s1, s8 = Strategy(data=2, fsdp=4), Strategy(data=2, fsdp=4, vocab_chunks=8)
     e1, e8 = estimate(w, s1, cpu).comm_bytes, estimate(w, s8, cpu).comm_bytes

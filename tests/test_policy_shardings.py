@@ -52,10 +52,15 @@ def activation_shardings(step_text: str, sizes: dict) -> dict:
     shape: "data,fsdp|-|- -> bf16[1,32,128]" on data=2 x fsdp=4."""
     out: dict = {}
     for spec, ty in re.findall(r"sdy\.sharding_constraint %\S+ <@mesh, (\[.*?\])> : tensor<([^>]*)>", step_text):
-        if ty not in ACTIVATIONS:
-            continue
         *dims, dtype = ty.split("x")
         axes = [[a for a in re.findall(r'"(\w+)"', d) if sizes[a] > 1] for d in re.findall(r"\{[^}]*\}", spec)]
+        if ty not in ACTIVATIONS and len(dims) > 1 and not axes[1]:
+            # data parallelism runs the loss vmapped over (G, B/G) batch groups, G over `data`
+            # (jaxpar.parallel.tied): fold the group dim back into the batch dim
+            dims, axes = [str(int(dims[0]) * int(dims[1])), *dims[2:]], [axes[0], *axes[2:]]
+            ty = "x".join([*dims, dtype])
+        if ty not in ACTIVATIONS:
+            continue
         local = [int(n) // int(np.prod([sizes[a] for a in ax])) for n, ax in zip(dims, axes)]
         layout = "|".join(",".join(ax) or "-" for ax in axes) + f" -> {dtype}[{','.join(map(str, local))}]"
         out.setdefault(ACTIVATIONS[ty], set()).add(layout)

@@ -33,7 +33,7 @@ from flax import nnx
 from jaxpar import ops
 from jaxpar.config import ModelConfig
 from jaxpar.logical import constrain
-from jaxpar.precision import Policy, add_bias, get_policy
+from jaxpar.precision import Policy, get_policy
 
 Params = dict[str, Any]
 
@@ -153,22 +153,27 @@ class Attention(nnx.Module):
         self.c_proj_w = _param(p["c_proj"]["weight"], axes["c_proj"]["weight"])
         self.c_proj_b = _param(p["c_proj"]["bias"], axes["c_proj"]["bias"])
         self.policy, self.dropout = policy, cfg.dropout
+        self.impl = attention_impl(cfg.attention, policy, cfg.dropout)
         self.remat_core = False  # remat=selective: recompute scores/softmax/probs·V in backward
 
     def __call__(self, x, key=None):  # x: (B, T, D) compute dtype
         pol = self.policy
         # (B, T, D) x (D, 3, N, Hd) -> (B, T, 3, N, Hd)
-        qkv = add_bias(jnp.einsum("btd,dcnh->btcnh", x, pol.cast(self.c_attn_w[...])), self.c_attn_b[...])
+        qkv = pol.linear("btd,dcnh->btcnh", x, self.c_attn_w[...], self.c_attn_b[...])
         q, k, v = (constrain(qkv[:, :, i], ("batch", "seq", "heads", "head_dim")) for i in range(3))
         k1 = None
         if key is not None:
             k1, key = jax.random.split(key)
         # selective remat saves q, k, v and o only: the (B, N, T, T) scores and probs are recomputed
-        core = jax.checkpoint(self._core, prevent_cse=False) if self.remat_core else self._core
+        core = self._core if self.impl == "einsum" else self._sdpa
+        core = jax.checkpoint(core, prevent_cse=False) if self.remat_core else core
         o = core(q, k, v, k1)
         # (B, T, N, Hd) x (N, Hd, D) -> (B, T, D): row-parallel under tensor sharding
-        y = add_bias(jnp.einsum("btnh,nhd->btd", o, pol.cast(self.c_proj_w[...])), self.c_proj_b[...])
+        y = pol.linear("btnh,nhd->btd", o, self.c_proj_w[...], self.c_proj_b[...])
         return _dropout(y, self.dropout, key)
+
+    def _sdpa(self, q, k, v, key):  # jax.nn.dot_product_attention (no dropout: see attention_impl)
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.impl)
 
     def _core(self, q, k, v, key):  # (B, T, N, Hd) x3 -> (B, T, N, Hd)
         pol = self.policy
@@ -180,7 +185,23 @@ class Attention(nnx.Module):
         probs = jax.nn.softmax(s, axis=-1)
         if key is not None:
             probs = _dropout(probs, self.dropout, key)
+        # batched dots stay compute-dtype out: XLA:CPU's generic dot (batched dots land there)
+        # has no bf16 x bf16 -> fp32 kernel ("Unsupported element type for DotThunk")
         return jnp.einsum("bnts,bsnh->btnh", probs.astype(pol.compute_dtype), v)
+
+
+def attention_impl(choice: str, policy: Policy, dropout: float) -> str:
+    """model.attention -> "einsum" (jaxpar's core above) | "xla" | "cudnn" (jax.nn.dot_product_attention).
+
+    auto: cuDNN flash attention on GPU when it applies (bf16 operands; it has no attention
+    dropout), else the einsum core, whose matmuls follow the precision policy (fp32-output
+    bf16 dots on CPU, jaxpar.precision). xla / cudnn force that implementation of
+    jax.nn.dot_product_attention, which has no dropout (config.validate refuses them with
+    model.dropout > 0)."""
+    if choice != "auto":
+        return choice
+    on_gpu = jax.default_backend() == "gpu"
+    return "cudnn" if on_gpu and dropout == 0 and policy.compute_dtype in (jnp.bfloat16, jnp.float16) else "einsum"
 
 
 class MLP(nnx.Module):
@@ -196,11 +217,11 @@ class MLP(nnx.Module):
         pol = self.policy
         if self.chunks > 1:
             y = ops.chunked_mlp(x, self.c_fc_w[...], self.c_fc_b[...], self.c_proj_w[...], self.c_proj_b[...],
-                                self.chunks, pol.cast)
+                                self.chunks, pol)
             return _dropout(y, self.dropout, key)
-        h = add_bias(x @ pol.cast(self.c_fc_w[...]), self.c_fc_b[...])
+        h = pol.linear("btd,df->btf", x, self.c_fc_w[...], self.c_fc_b[...])
         h = constrain(jax.nn.gelu(h, approximate=True), ("batch", "seq", "mlp"))
-        y = add_bias(h @ pol.cast(self.c_proj_w[...]), self.c_proj_b[...])
+        y = pol.linear("btf,fd->btd", h, self.c_proj_w[...], self.c_proj_b[...])
         return _dropout(y, self.dropout, key)
 
 
@@ -239,6 +260,16 @@ def remat_mode(remat: bool | str) -> str:
     return remat
 
 
+def scan_unroll(policy: Policy, n_layer: int) -> int:
+    """How many layers one `lax.scan` iteration runs. bf16 on CPU: all of them, up to 12
+    (a Python-style layer loop; compile time grows with depth, hence the cap): measured
+    in one process, interleaved, loaded 2-core host, median s/step scan -> unrolled: 4L/128
+    0.30 -> 0.16, 6L/384 9.7 -> 6.2, GPT-2 124M (T256 B2) 23.2 -> 14.7. fp32 gained nothing
+    (0.43 -> 0.43, 13.1 -> 16.1), so it keeps the rolled scan (benchmarks/README.md)."""
+    cpu_bf16 = policy.compute_dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
+    return n_layer if cpu_bf16 and n_layer <= 12 else 1
+
+
 def run_blocks(cfg: ModelConfig, policy: Policy, stacked: Params, x, key=None, remat: bool | str = False,
                mlp_chunks: int = 1):
     """Scan `block_apply` over a stack of layers (leading dim of every leaf). Pipeline
@@ -256,7 +287,7 @@ def run_blocks(cfg: ModelConfig, policy: Policy, stacked: Params, x, key=None, r
     if mode == "full":
         body = jax.checkpoint(body, prevent_cse=False)
     keys = None if key is None else jax.random.split(key, n)
-    x, _ = jax.lax.scan(body, x, (stacked, keys))
+    x, _ = jax.lax.scan(body, x, (stacked, keys), unroll=scan_unroll(policy, n))
     return x
 
 
@@ -288,14 +319,14 @@ class GPT2(nnx.Module):
 
     def head(self, x):  # (B, T, D) -> (B, T, V) fp32 logits via the tied embedding
         x = self.ln_f(x)
-        logits = jnp.einsum("btd,vd->btv", x, self.policy.cast(self.wte[...]), preferred_element_type=jnp.float32)
+        logits = self.policy.einsum("btd,vd->btv", x, self.wte[...])
         return constrain(logits, ("batch", "seq", "vocab"))
 
     def loss(self, x, targets):  # (B, T, D), (B, T) -> mean fp32 cross-entropy
         if self.vocab_chunks == 1:
             return cross_entropy(self.head(x), targets)
         # never materialises the (B, T, V) logits: jaxpar.ops.chunked_cross_entropy
-        return ops.chunked_cross_entropy(self.ln_f(x), self.policy.cast(self.wte[...]), targets, self.vocab_chunks)
+        return ops.chunked_cross_entropy(self.ln_f(x), self.wte[...], targets, self.vocab_chunks, self.policy)
 
     def __call__(self, tokens, key=None):
         k_embed = k_blocks = None

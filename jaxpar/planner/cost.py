@@ -411,12 +411,15 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
                 n += wte * (vc - 1) if g == "embed" else 0.0
                 add("reduce-scatter", "fsdp", all_gather(f, 4 * n, alpha, bws["fsdp"]), passes)
     # data-parallel gradient reduction: sharded groups over data, replicated ones over data·fsdp;
-    # the embedding's rows are also split over pipe; the tied wte is reduced for lookup and head.
+    # the embedding's rows are also split over pipe; the tied wte is reduced for lookup and head,
+    # except in plain data parallelism (no fsdp, no pipe), where the step sums the two grads
+    # (every chunk's too) before one reduction (jaxpar.parallel.tied; seen in the HLO).
+    tied_once = S == 1 and f == 1 and d > 1
     for g in GROUPS:
         if auto[g] and sharded[g]:
             continue  # reduced above
         n = full[g] if g == "embed" else full[g] * (R * lmax if S > 1 else L)
-        if g == "embed":
+        if g == "embed" and not tied_once:
             n += wte * (vc if not sharded[g] else vc - 1)
         n_red = (d if sharded[g] else d * f) * (S if g == "embed" else 1)
         # pipeline.py psums the gathered (unsharded) stage grads over data, then reduce-scatters

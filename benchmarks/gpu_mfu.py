@@ -1,0 +1,110 @@
+"""Model FLOPs utilisation of the jaxpar train step on one GPU: GPT-2 124M and 350M, bf16, seq 1024.
+
+    python benchmarks/gpu_mfu.py [--models gpt2,gpt2-medium] [--batch 16,8] [--steps 10] [--warmup 3]
+                                 [--remat none] [--attention auto] [--out benchmarks/results/gpu_mfu.json]
+
+One timed step = the real `build_trainer` step (forward + backward + clip + AdamW, donated
+state) on a 1-device mesh, synchronised on its loss; warm-up steps (compilation) excluded;
+the median of `--steps` is reported. MFU = tokens/s x ModelConfig.flops_per_token(seq)
+(6N + 12·L·H·Q·T, the same formula as `jaxpar train`) / the device's dense bf16 peak
+(jaxpar.train.PEAK_FLOPS: H100 989 TFLOP/s). The GPU collective-overlap flags
+(jaxpar/xla_flags.py) are applied as `jaxpar train` does. Target (issue 12): >= 55% MFU for
+GPT-2 350M on one H100. On a machine without a GPU it refuses: one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from jaxpar import xla_flags  # noqa: E402
+
+PRESET_BATCH = {"gpt2": 16, "gpt2-medium": 8}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="gpt2,gpt2-medium")
+    p.add_argument("--batch", default="", help="comma list, one per model (default 16 for gpt2, 8 for gpt2-medium)")
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--remat", default="none", choices=("none", "selective", "full"))
+    p.add_argument("--attention", default="auto", choices=("auto", "xla", "cudnn"))
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu_mfu.json"))
+    return p.parse_args(argv)
+
+
+def measure(model: str, batch: int, args) -> dict:
+    import dataclasses
+
+    import jax
+    import numpy as np
+
+    from jaxpar.config import PRESETS, Config, TrainConfig
+    from jaxpar.mesh import build_mesh
+    from jaxpar.models.gpt2 import init_params
+    from jaxpar.train import build_trainer, device_peak_flops
+
+    mc = dataclasses.replace(PRESETS[model], attention=args.attention)
+    cfg = Config(model=mc, model_name=model, precision="bf16",
+                 train=TrainConfig(batch_size=batch, seq_len=args.seq, remat=args.remat))
+    trainer = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))
+    state = trainer.init_state(init_params(mc, 0))
+    toks = np.random.default_rng(0).integers(0, mc.vocab_size, (batch, args.seq + 1)).astype(np.int32)
+    x, y = trainer.put_batch(toks[:, :-1]), trainer.put_batch(toks[:, 1:])
+    times = []
+    for i in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        state, m = trainer.step_fn(state, x, y)
+        float(m["loss"])
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    tokens = batch * args.seq
+    peak = device_peak_flops(cfg)
+    flops = mc.flops_per_token(args.seq) * tokens / med
+    return {"model": model, "batch": batch, "seq": args.seq, "remat": args.remat, "attention": args.attention,
+            "median_step_s": med, "times_s": times, "tokens_per_s": tokens / med, "tflops_per_s": flops / 1e12,
+            "peak_tflops": peak / 1e12, "mfu": flops / peak}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not xla_flags.has_nvidia_gpu():  # refuse before paying for a JAX start-up
+        print("error: gpu_mfu.py measures GPU MFU and needs an NVIDIA GPU (none here: no /dev/nvidia*, "
+              f"no nvidia-smi, or JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r})", file=sys.stderr)
+        return 2
+    xla_flags.apply_gpu_defaults()  # before JAX starts
+    import jax
+
+    backend = jax.default_backend()
+    if backend != "gpu":
+        print(f"error: gpu_mfu.py measures GPU MFU and needs a GPU (jax backend: {backend}, devices: "
+              f"{', '.join(sorted({d.device_kind for d in jax.devices()}))})", file=sys.stderr)
+        return 2
+    models = [m for m in args.models.split(",") if m]
+    batches = [int(b) for b in args.batch.split(",")] if args.batch else [PRESET_BATCH.get(m, 8) for m in models]
+    rows = []
+    for model, batch in zip(models, batches, strict=True):
+        r = measure(model, batch, args)
+        rows.append(r)
+        print(f"{model:<12} B={batch:<3} T={args.seq}  {r['median_step_s'] * 1e3:8.1f} ms/step  "
+              f"{r['tokens_per_s']:9.0f} tok/s  {r['tflops_per_s']:6.1f} TFLOP/s  MFU {100 * r['mfu']:.1f}%", flush=True)
+    report = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
+              "xla_flags": os.environ.get("XLA_FLAGS", ""), "rows": rows}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""One data-parallel reduction for the tied embedding's gradient.
+
+GPT-2 ties `wte` (V, D): the token lookup and the LM head both read it, so its gradient is
+the sum of a scatter-add (lookup) and a dot (head), each a partial sum over the batch rows a
+data shard holds. XLA's SPMD partitioner reduces a partial sum at the op that makes it, so
+plain data parallelism all-reduces the (V, D) gradient twice: for GPT-2 124M that is 1.31x
+the ring all-reduce theory (benchmarks/comm_volume.py).
+
+`grouped_loss` sums the two partial gradients before the reduction. The global batch is cut
+into G = `data` groups (one per data shard, the rows that shard holds) and the loss is
+`vmap`-ed over them with `wte` broadcast to (G, V, D) and sharded on G over `data`: each
+group's wte gradient, lookup + head, is then local to its shard, and the one reduction left
+is the sum over G of the (G, V, D) cotangent (the broadcast's transpose). Every other
+parameter is unmapped, so its gradient is reduced as before. The model code is unchanged:
+inside the vmap the per-group batch is unsharded (`batch` mapped to no mesh axis) and the
+vmapped G dim carries the `data` split (`spmd_axis_name`).
+
+Used when `data` > 1 and `fsdp` = 1 (under ZeRO-3 wte is sharded over fsdp on its embed dim
+and its gradient is reduce-scattered once per use already; pipelines have their own loss).
+The loss is the mean of G equal-sized group means = the global mean; values equal the
+ungrouped loss to fp32 summation order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+
+def groups_for(mesh) -> int:
+    """G for `mesh`: its `data` size when the tied reduction applies, else 1 (not grouped)."""
+    shape = dict(mesh.shape)
+    data, fsdp, pipe = shape.get("data", 1), shape.get("fsdp", 1), shape.get("pipe", 1)
+    return data if data > 1 and fsdp == 1 and pipe == 1 else 1
+
+
+def grouped_loss(loss: Callable, mesh, groups: int, wte_spec: PartitionSpec) -> Callable:
+    """loss(params, inputs (B, T), targets (B, T), key) -> the same mean loss, computed as
+    the mean over `groups` batch groups with wte mapped per group (see module docstring).
+
+    `loss` must run the model with `batch` mapped to no mesh axis: the group dim carries it.
+    wte_spec: wte's own (V, D) spec (vocab over `tensor` under Megatron), kept per group."""
+    group_spec = NamedSharding(mesh, PartitionSpec("data", *wte_spec))
+
+    def grouped(params, inputs, targets, key):
+        B, T = inputs.shape
+        wte = params["wte"]["weight"]  # (V, D) replicated over data
+        rest = {k: v for k, v in params.items() if k != "wte"}
+        # (G, V, D): one copy per data shard (a local broadcast, no communication)
+        wte_g = jax.lax.with_sharding_constraint(jnp.broadcast_to(wte, (groups, *wte.shape)), group_spec)
+        # (B, T) -> (G, B/G, T): group g = the contiguous rows data shard g holds
+        xs, ys = inputs.reshape(groups, B // groups, T), targets.reshape(groups, B // groups, T)
+        keys = None if key is None else jax.random.split(key, groups)  # distinct dropout per group
+
+        def one(w, x, y, k):
+            return loss({**rest, "wte": {"weight": w}}, x, y, k)
+
+        per_group = jax.vmap(one, in_axes=(0, 0, 0, None if keys is None else 0), spmd_axis_name="data")(
+            wte_g, xs, ys, keys)
+        return per_group.mean()
+
+    return grouped

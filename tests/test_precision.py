@@ -1,0 +1,65 @@
+"""jaxpar.precision: bf16 weight matmuls run as bf16 x bf16 -> fp32 dots forward and backward."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxpar.precision import _transpose_specs, get_policy, mixed_einsum
+
+
+def test_transpose_specs():
+    assert _transpose_specs("btd,df->btf") == ("btf,df->btd", "btd,btf->df")
+    assert _transpose_specs("btd,vd->btv") == ("btv,vd->btd", "btd,btv->vd")
+    with pytest.raises(ValueError, match=r"einsum 'btd,dx->bt': an operand index appears nowhere else"):
+        _transpose_specs("btd,dx->bt")
+
+
+def _operands():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((2, 8, 16)), jnp.bfloat16)  # activation (B, T, D)
+    w = jnp.asarray(rng.standard_normal((16, 24)), jnp.float32)  # fp32 master weight (D, F)
+    g = jnp.asarray(rng.standard_normal((2, 8, 24)), jnp.float32)  # cotangent of the fp32 output
+    return x, w, g
+
+
+def _dots(jaxpr):
+    """Every dot_general equation of a jaxpr, nested ones (custom_vjp, pjit) included."""
+    for e in jaxpr.eqns:
+        if e.primitive.name == "dot_general":
+            yield e
+        for p in e.params.values():
+            inner = getattr(p, "jaxpr", p)
+            if hasattr(inner, "eqns"):
+                yield from _dots(inner)
+
+
+def test_mixed_einsum_values_dtypes_and_dots():
+    x, w, g = _operands()
+    y, vjp = jax.vjp(lambda a, b: mixed_einsum("btd,df->btf", a, b), x, w)
+    dx, dw = vjp(g)
+    # exact semantics: operands and cotangent rounded to bf16, products and sums in fp32
+    x32, w16, g16 = x.astype(jnp.float32), w.astype(jnp.bfloat16).astype(jnp.float32), g.astype(jnp.bfloat16)
+    g16 = g16.astype(jnp.float32)
+    hi = jax.lax.Precision.HIGHEST
+    assert y.dtype == jnp.float32
+    np.testing.assert_allclose(y, jnp.einsum("btd,df->btf", x32, w16, precision=hi), rtol=1e-6, atol=1e-5)
+    assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.float32  # each cotangent in its operand's dtype
+    np.testing.assert_allclose(dw, jnp.einsum("btd,btf->df", x32, g16, precision=hi), rtol=1e-6, atol=1e-5)
+    ref_dx = jnp.einsum("btf,df->btd", g16, w16, precision=hi).astype(jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(dx, np.float32), np.asarray(ref_dx, np.float32))
+    # every dot of forward + backward is bf16 x bf16 -> fp32 (the fast form on XLA:CPU)
+    jaxpr = jax.make_jaxpr(jax.grad(lambda a, b: mixed_einsum("btd,df->btf", a, b).sum(), (0, 1)))(x, w)
+    dots = list(_dots(jaxpr.jaxpr))
+    assert len(dots) == 3
+    for e in dots:
+        assert [v.aval.dtype for v in e.invars] == [jnp.bfloat16, jnp.bfloat16]
+        assert e.outvars[0].aval.dtype == jnp.float32
+
+
+def test_fp32_policy_is_plain_einsum():
+    x, w, _ = _operands()
+    x = x.astype(jnp.float32)
+    pol = get_policy("fp32")
+    b = jnp.arange(24, dtype=jnp.float32)
+    np.testing.assert_array_equal(pol.linear("btd,df->btf", x, w, b), jnp.einsum("btd,df->btf", x, w) + b)
