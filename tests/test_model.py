@@ -11,8 +11,8 @@ from cli_helpers import run
 from jaxpar.config import PRESETS, ModelConfig
 from jaxpar.models import gpt2, hf
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch", reason="needs the [torch] extra (torch + transformers): pip install -e '.[torch]'")
+transformers = pytest.importorskip("transformers", reason="needs the [torch] extra (torch + transformers): pip install -e '.[torch]'")
 
 # HF GPT2LMHeadModel parameter counts (tied lm_head counted once).
 HF_COUNTS = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200}

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from extras import require_mpiexec
 
 from jaxpar.tolerances import MULTIPROCESS_VS_SINGLE
 
@@ -138,8 +138,8 @@ def test_dead_rank_without_launcher_survivor_errors_out(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec (mpich wheel) not installed")
 def test_mpiexec_2proc_equals_single(tmp_path, single_4dev):
+    require_mpiexec()
     out = tmp_path / "mpi"
     r = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "jaxpar.cli", *TRAIN, "train.steps=3",
                         f"out={out}"], env=_env(), capture_output=True, text=True, timeout=600)

@@ -8,20 +8,18 @@ transformers already imported (the horovod ranks are started by mpiexec and impo
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from extras import require_mpiexec
 
 from torchref.tolerances import GRAD_NORM_RTOL_AMP, GRAD_TOL_FP32, LOSS_RTOL_AMP, LOSS_RTOL_FP32
 
 STEPS = 10
 BASE = ["model=gpt2-tiny", "train.seq_len=32", "train.batch_size=8", f"train.steps={STEPS}", "train.warmup_steps=2",
         "train.lr=1e-3", "debug.grad_step=1", "train.log_every=0"]
-HAS_MPI = shutil.which("mpiexec") is not None
-needs_mpi = pytest.mark.skipif(not HAS_MPI, reason="needs mpiexec (pip install mpich)")
 
 
 @pytest.fixture(scope="module")
@@ -98,15 +96,15 @@ def test_single_starts_from_the_shared_numpy_init_and_saves_hf_weights(runner):
 
 
 SYNC = [("single-ps", 2), ("distributed-ps", 2), ("single-ps", 4), ("distributed-ps", 4)]
-SYNC_MPI = [pytest.param("horovod", 2, ["horovod.algorithm=ring", "horovod.fusion_mb=0.25"], marks=needs_mpi,
-                         id="horovod-ring-2"),
-            pytest.param("horovod", 4, ["horovod.algorithm=ring"], marks=[needs_mpi, pytest.mark.slow],
-                         id="horovod-ring-4"),
-            pytest.param("horovod", 4, [], marks=[needs_mpi, pytest.mark.slow], id="horovod-mpi-4")]
+SYNC_MPI = [pytest.param("horovod", 2, ["horovod.algorithm=ring", "horovod.fusion_mb=0.25"], id="horovod-ring-2"),
+            pytest.param("horovod", 4, ["horovod.algorithm=ring"], marks=pytest.mark.slow, id="horovod-ring-4"),
+            pytest.param("horovod", 4, [], marks=pytest.mark.slow, id="horovod-mpi-4")]
 
 
 @pytest.mark.parametrize("strategy, n, extra", [pytest.param(s, n, [], id=f"{s}-{n}") for s, n in SYNC] + SYNC_MPI)
 def test_sync_fp32_strategy_equals_single(runner, strategy, n, extra):
+    if strategy == "horovod":
+        require_mpiexec()
     single = runner("strategy=single")
     run = runner(f"strategy={strategy}", f"workers={n}", *extra)
     assert loss_rel(run, single) <= LOSS_RTOL_FP32
@@ -135,9 +133,11 @@ def test_sync_fp32_strategy_equals_single(runner, strategy, n, extra):
     pytest.param("distributed-ps-amp", 4, [], id="ddp-amp-bf16-4"),
     pytest.param("distributed-ps-amp", 2, ["amp.dtype=fp16"], id="ddp-amp-fp16-2"),
     # horovod-amp at 2 workers also runs (and is checked) in test_torchref_compare's example.
-    pytest.param("horovod-amp", 2, [], marks=[needs_mpi, pytest.mark.slow], id="horovod-amp-bf16-2"),
+    pytest.param("horovod-amp", 2, [], marks=pytest.mark.slow, id="horovod-amp-bf16-2"),
 ])
 def test_amp_within_bf16_bound(runner, strategy, n, extra):
+    if strategy == "horovod-amp":
+        require_mpiexec()
     single = runner("strategy=single")
     run = runner(f"strategy={strategy}", f"workers={n}", *extra)
     assert loss_rel(run, single) <= LOSS_RTOL_AMP
@@ -147,8 +147,8 @@ def test_amp_within_bf16_bound(runner, strategy, n, extra):
         assert all(r["loss_scale"] >= 1.0 for r in run.rows)  # GradScaler's dynamic loss scale is live
 
 
-@needs_mpi
 def test_horovod_fp16_compression_halves_bytes(runner):
+    require_mpiexec()
     single = runner("strategy=single")
     full = runner("strategy=horovod", "workers=2", "horovod.algorithm=ring", "horovod.fusion_mb=0.25")
     half = runner("strategy=horovod", "workers=2", "horovod.algorithm=ring", "horovod.fusion_mb=0.25",
@@ -192,12 +192,12 @@ def test_dying_worker_stops_the_others_quickly(runner, tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
 
 
-@needs_mpi
 @pytest.mark.slow  # ~40 s: CLI + mpiexec imports; the watchdog path is covered by the test above
 def test_dying_mpi_rank_cli_exits_2_one_line(runner, tmp_path):
     import subprocess
     import sys
 
+    require_mpiexec()
     data = runner("strategy=single").out / "data"
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "torchref", "train", *BASE, "strategy=horovod", "workers=2",
