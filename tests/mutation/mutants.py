@@ -30,6 +30,10 @@ PARITY_MODEL = P + "test_model_parity.py"
 PARITY_TRAIN = P + "test_training_parity.py"
 EQUIV = T + "test_sharding_equivalence.py"
 TR_STRAT = T + "test_torchref_strategies.py"
+CLAIMS = T + "test_claims_run.py"  # dropout, SIGINT resume, val_loss, progress bar (h18a)
+RESUME = T + "test_train_cli.py::test_sigterm_then_resume_is_bit_identical"
+TRAIN100 = T + "test_train_cli.py::test_loss_falls_30_percent_in_100_steps"
+SAMPLE = T + "test_train_cli.py::test_sample_is_deterministic"
 
 MUTANTS: list[Mutant] = [
     # ------------------------------------------------------------- issue 18's six
@@ -37,7 +41,7 @@ MUTANTS: list[Mutant] = [
            "loss, grads = loss / accum, jax.tree.map(lambda g: g / accum, grads)",
            "loss, grads = loss / accum, grads",
            "gradient accumulation sums micro-batch gradients instead of averaging them",
-           (T + "test_train_cli.py", T + "test_grad_accum.py")),
+           (T + "test_grad_accum.py", CLAIMS, RESUME)),
     Mutant("batch_rule_loses_fsdp", "sharding", "jaxpar/sharding.py",
            'ACTIVATION_RULES = {"batch": BATCH_AXES,',
            'ACTIVATION_RULES = {"batch": "data",',
@@ -47,7 +51,7 @@ MUTANTS: list[Mutant] = [
            'jax.device_put(np.int32(meta["step"]), trainer.state_shardings["step"])',
            'jax.device_put(np.int32(0), trainer.state_shardings["step"])',
            "resume restores the state's step as 0 (dropout keys repeat; invisible with dropout 0)",
-           (T + "test_train_cli.py",)),
+           (CLAIMS, RESUME)),
     Mutant("amp_always_fp16", "amp", "torchref/runtime.py",
            'dtype = torch.bfloat16 if self.ref.amp.dtype == "bf16" else torch.float16',
            "dtype = torch.float16",
@@ -98,7 +102,7 @@ MUTANTS: list[Mutant] = [
            "return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))",
            "return jnp.where(keep, x, jnp.zeros_like(x))",
            "inverted dropout does not rescale the kept activations by 1/(1-p)",
-           (T + "test_model.py", T + "test_dropout.py")),
+           (CLAIMS, T + "test_model.py")),
     # ------------------------------------------------------------- ops
     Mutant("chunked_ce_divisor", "ops", "jaxpar/ops.py",
            "return total / (B * T)",
@@ -198,33 +202,33 @@ MUTANTS: list[Mutant] = [
            'jax.random.fold_in(jax.random.PRNGKey(cfg.seed), state["step"]) if use_dropout',
            "jax.random.PRNGKey(cfg.seed) if use_dropout",
            "the same dropout mask every step",
-           (T + "test_dropout.py", T + "test_train_cli.py")),
+           (CLAIMS, RESUME)),
     Mutant("eval_step_mean_not_sum", "train", "jaxpar/train.py",
            "return nll.sum(), jnp.asarray(nll.size, jnp.float32)",
            "return nll.mean(), jnp.asarray(nll.size, jnp.float32)",
            "val_loss divides the per-batch mean by the token count again",
-           (T + "test_train_cli.py", T + "test_val_loss.py")),
+           (CLAIMS, TRAIN100)),
     # ------------------------------------------------------------- loop / checkpoint
     Mutant("resume_data_restarts", "checkpoint", "jaxpar/loop.py",
            "x, y = data_lib.train_batch(ds, tc.seq_len, tc.batch_size, cfg.seed, step)",
            "x, y = data_lib.train_batch(ds, tc.seq_len, tc.batch_size, cfg.seed, step - start)",
            "a resumed run replays the batches from step 0",
-           (T + "test_train_cli.py",)),
+           (RESUME, CLAIMS)),
     Mutant("ckpt_meta_step_minus_one", "checkpoint", "jaxpar/loop.py",
            'ckpt.save(step, state, {"step": step, "seed": cfg.seed})',
            'ckpt.save(step, state, {"step": step - 1, "seed": cfg.seed})',
            "checkpoint metadata records the previous step (resume repeats one step)",
-           (T + "test_train_cli.py",)),
+           (RESUME, CLAIMS)),
     Mutant("eval_divides_by_batches", "train", "jaxpar/loop.py",
            "    return total / count\n",
            "    return total / tc.eval_batches\n",
            "val_loss is a sum over tokens divided by the batch count, not a mean per token",
-           (T + "test_train_cli.py", T + "test_val_loss.py")),
+           (CLAIMS, TRAIN100)),
     Mutant("metrics_truncate_off", "checkpoint", "jaxpar/metrics.py",
            'json.loads(ln).get("step", 0) <= step]',
            'json.loads(ln).get("step", 0) <= step + 1]',
            "resume keeps the interrupted run's log line after the checkpoint (a step logged twice)",
-           (T + "test_train_cli.py",)),
+           (RESUME, CLAIMS)),
     # ------------------------------------------------------------- data
     Mutant("targets_not_shifted", "data", "jaxpar/data.py",
            "return win[:, :-1], win[:, 1:]",
@@ -382,12 +386,12 @@ MUTANTS: list[Mutant] = [
            "logits = logits / temperature",
            "logits = logits * temperature",
            "sampling multiplies the logits by the temperature",
-           (T + "test_sample.py", T + "test_train_cli.py")),
+           (T + "test_sample.py", SAMPLE)),
     Mutant("sample_top_k_off_by_one", "cli", "jaxpar/sample.py",
            "logits = jnp.where(logits < kth, -jnp.inf, logits)",
            "logits = jnp.where(logits <= kth, -jnp.inf, logits)",
            "top_k keeps k-1 tokens",
-           (T + "test_sample.py", T + "test_train_cli.py")),
+           (T + "test_sample.py", SAMPLE)),
 ]
 
 

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,12 +80,19 @@ def pytest(root: Path, args: list[str], timeout: float) -> tuple[int | None, str
     env.pop("XLA_FLAGS", None)
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-rfE", *args]
     t0 = time.monotonic()
+    # Own session, so a timeout or Ctrl-C stops pytest *and* the training processes it started.
+    p = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
     try:
-        r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
-        return r.returncode, r.stdout + r.stderr, time.monotonic() - t0
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out, _ = p.communicate(timeout=timeout)
+        return p.returncode, out, time.monotonic() - t0
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
         return None, out, time.monotonic() - t0
+    except BaseException:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise
 
 
 def run_one(m: Mutant, root: Path, timeout: float, log, likely_only: bool = False) -> dict:
