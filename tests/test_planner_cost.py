@@ -254,3 +254,12 @@ def test_zero3_bytes_per_step_closed_form():
     assert cb["all-gather"] == pytest.approx(ring * (embed + 2 * L * block), rel=1e-12)
     assert cb["reduce-scatter"] == pytest.approx(ring * (embed + L * block), rel=1e-12)
     assert cb["all-reduce"] == 0 and cb["ppermute"] == 0
+
+
+def test_gpipe_ppermute_bytes_closed_form():
+    """GPipe, S=4 stages, M=4 microbatches, one replica: each of the N = M + S - 1 = 7 schedule
+    iterations shifts one (b, T, D) bf16 microbatch activation to the next stage in forward and
+    its gradient back in backward. Reference: that count by hand (b = 16 rows / 4 microbatches)."""
+    m = ModelConfig(n_layer=4, n_embd=1024, n_head=16, vocab_size=32768, n_positions=1024)
+    cb = estimate(Workload(m, 16, 1024), Strategy(pipe=4, microbatches=4), H100).comm_bytes
+    assert cb["ppermute"] == 2 * 7 * (4 * 1024 * 1024 * 2)
