@@ -161,6 +161,8 @@ def write_report(results: dict) -> None:
         "Each mutant is one small real bug (file, exact original snippet -> mutated snippet, tests/mutation/mutants.py).",
         "It runs against the default suite with `-x`, its likely catchers first; `caught by` is the first failing",
         "test, `s` the wall time (on a shared 2-core host: inflated by other load). NOT RUN: not in the runs so far.",
+        "MISSED-LIKELY: its likely catchers passed in a triage run (`--likely-only`); it has not been run against",
+        "the whole default suite yet (a plain run does that: phase `suite`). SURVIVED: the whole suite passed.",
         "",
         "| mutant | area | status | caught by | phase | s | commit | bug |",
         "|---|---|---|---|---|---|---|---|",
