@@ -314,14 +314,14 @@ MUTANTS: list[Mutant] = [
            "comm.Bcast(a, root=comm.Get_size() - 1)",
            "initial weights broadcast from a rank that holds a random init",
            (TR_STRAT + "::test_sync_fp32_strategy_equals_single", T + "test_torchref_compare.py")),
-    Mutant("horovod_amp_off", "torchref-horovod-amp", "torchref/strategies/horovod_amp.py",
-           "    amp = True\n",
-           "    amp = False\n",
+    Mutant("horovod_amp_off", "torchref-horovod-amp", "torchref/config.py",
+           'return self.strategy.endswith("-amp")',
+           'return self.strategy == "distributed-ps-amp"',
            "horovod-amp runs in fp32 (no autocast)",
-           (TR_STRAT, T + "test_torchref_compare.py")),
-    Mutant("ddp_amp_off", "torchref-distributed-ps-amp", "torchref/strategies/distributed_ps_amp.py",
-           "    amp = True\n",
-           "    amp = False\n",
+           (TR_STRAT + "::test_amp_within_bf16_bound", T + "test_torchref_compare.py")),
+    Mutant("ddp_amp_off", "torchref-distributed-ps-amp", "torchref/config.py",
+           'return self.strategy.endswith("-amp")',
+           'return self.strategy == "horovod-amp"',
            "distributed-ps-amp runs in fp32 (no autocast)",
            (TR_STRAT + "::test_amp_within_bf16_bound",)),
     Mutant("single_loss_scaled", "torchref-single", "torchref/model.py",
@@ -417,6 +417,9 @@ EQUIVALENT: list[Equivalent] = [
                "torch's clip_grad_norm_ epsilon scales all gradients of a step by one factor 1 - 1e-6/norm; AdamW's "
                "m/sqrt(v) is invariant to a uniform scale, so only the step-to-step differences of that factor "
                "(~1e-6 x |1/n_t - 1/n_s| ~ 1e-7) reach the update: fp32 noise (U_FP32 = 6e-8), below every bound"),
+    Equivalent("torchref/strategies/horovod_amp.py", "amp = True", "amp = False",
+               "the Strategy.amp class attribute is read by nothing (autocast follows RefConfig.is_amp, i.e. the "
+               "strategy name); same for distributed_ps_amp.py. The mutants now flip is_amp instead"),
     Equivalent("jaxpar/parallel/pipeline.py", "(il // Mp < R - 1)", "(il // Mp < R)",
                "the buffer slot written for the last repeat is never read (no repeat R follows)"),
 ]
