@@ -50,7 +50,7 @@ MUTANTS: list[Mutant] = [
            (T + "test_policy_shardings.py::test_golden_snapshot_of_key_activation_shardings",
             T + "test_sharding_rules.py")),
     Mutant("resume_step_zero", "checkpoint", "jaxpar/loop.py",
-           'jax.device_put(np.int32(meta["step"]), trainer.state_shardings["step"])',
+           'jax.device_put(np.int32(r.step), trainer.state_shardings["step"])',
            'jax.device_put(np.int32(0), trainer.state_shardings["step"])',
            "resume restores the state's step as 0 (dropout keys repeat; invisible with dropout 0)",
            (CLAIMS, RESUME)),
