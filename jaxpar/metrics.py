@@ -36,6 +36,23 @@ def truncate_after(path: str, step: int) -> None:
     os.replace(tmp, path)
 
 
+def _import_summary_writer():
+    """tensorboardX's SummaryWriter without torch. tensorboardX imports torch at module level
+    when it is installed (4 s on these hosts, every `jaxpar train` start) only so that it can
+    accept torch tensors; jaxpar logs Python floats. Hiding torch for the import (a None entry in
+    sys.modules makes `import torch` raise ImportError, which tensorboardX handles) skips that."""
+    if "torch" in sys.modules:  # already paid for (e.g. a test process that imported torch)
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
 class MetricsLogger:
     def __init__(self, out_dir: str, total_steps: int, start_step: int, progress: str = "auto", enabled=True,
                  print_every: int = 1):
@@ -47,8 +64,7 @@ class MetricsLogger:
             return
         self.file = open(self.path, "a")
         try:
-            from tensorboardX import SummaryWriter
-
+            SummaryWriter = _import_summary_writer()
             self.tb = SummaryWriter(os.path.join(out_dir, "tb"))
         except ImportError:
             pass

@@ -12,8 +12,8 @@ from parity_tests.tolerances import TRAJECTORY
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+pytest.importorskip("torch", reason="needs the [torch] extra (torch + transformers): pip install -e '.[torch]'")
+pytest.importorskip("transformers", reason="needs the [torch] extra (torch + transformers): pip install -e '.[torch]'")
 
 
 def test_example_06_sharded_run_matches_reference():

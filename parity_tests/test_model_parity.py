@@ -8,8 +8,8 @@ import pytest
 from parity_tests.common import ODD, PARITY_TRAIN, TINY, load_torch, model_parity, worst
 from parity_tests.tolerances import MODEL, U_FP32
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = pytest.importorskip("torch", reason="needs the [torch] extra (torch + transformers): pip install -e '.[torch]'")
+pytest.importorskip("transformers", reason="needs the [torch] extra (torch + transformers): pip install -e '.[torch]'")
 
 N_TENSORS = {"gpt2-tiny": 4 + 12 * TINY.n_layer, "odd": 4 + 12 * ODD.n_layer}  # wte wpe ln_f.{w,b} + 12/layer
 

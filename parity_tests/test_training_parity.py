@@ -16,8 +16,8 @@ import pytest
 from parity_tests import matrix
 from parity_tests.tolerances import TRAJECTORY
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+pytest.importorskip("torch", reason="needs the [torch] extra (torch + transformers): pip install -e '.[torch]'")
+pytest.importorskip("transformers", reason="needs the [torch] extra (torch + transformers): pip install -e '.[torch]'")
 
 
 def _check(row: dict) -> None:

@@ -45,6 +45,7 @@ def test_batches_are_pure_functions_of_seed_and_step(tmp_path):
     b = data.train_batch(ds, 16, 4, seed=1, step=7)
     c = data.train_batch(ds, 16, 4, seed=1, step=8)
     assert np.array_equal(a[0], b[0]) and not np.array_equal(a[0], c[0])
+    assert not np.array_equal(a[0], data.train_batch(ds, 16, 4, seed=2, step=7)[0])  # the seed matters too
     assert a[0].shape == (4, 16) and a[0].dtype == np.int32
     assert np.array_equal(a[0][:, 1:], a[1][:, :-1])  # targets are inputs shifted by one
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
+from extras import require_mpiexec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,8 +34,8 @@ def test_example_02_mesh_utilities():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec (mpich wheel) not installed")
 def test_example_03_multi_process(tmp_path):
+    require_mpiexec()
     r = subprocess.run(["bash", os.path.join(ROOT, "examples", "03_multi_process.sh"), str(tmp_path / "o")],
                        env=_env(), capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]

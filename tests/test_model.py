@@ -10,9 +10,10 @@ from cli_helpers import run
 
 from jaxpar.config import PRESETS, ModelConfig
 from jaxpar.models import gpt2, hf
+from jaxpar.tolerances import BF16_LOGITS_REL
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch", reason="needs the [torch] extra (torch + transformers): pip install -e '.[torch]'")
+transformers = pytest.importorskip("transformers", reason="needs the [torch] extra (torch + transformers): pip install -e '.[torch]'")
 
 # HF GPT2LMHeadModel parameter counts (tied lm_head counted once).
 HF_COUNTS = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200}
@@ -81,7 +82,8 @@ def test_bf16_logits_close_to_fp32():
     l32 = gpt2.forward(ODD, params, toks, "fp32")
     l16 = gpt2.forward(ODD, params, toks, "bf16")
     assert l16.dtype == jnp.float32
-    assert float(jnp.abs(l16 - l32).max()) < 0.02 * float(jnp.abs(l32).max()) + 1e-3
+    # bound: jaxpar/tolerances.py "model.bf16.logits" (sqrt(2 + L) bf16 roundings; measured 3.2e-3)
+    assert float(jnp.abs(l16 - l32).max()) <= BF16_LOGITS_REL * float(jnp.abs(l32).max())
 
 
 def test_init_is_hf_distribution():

@@ -31,13 +31,18 @@ def test_train_pipe2_data2_tensor2_matches_single_device(tmp_path):
     cfg = C.resolve(COMMON + [f"out={out}"])
     ds = data.Dataset.open(str(out / "data"), cfg.model.vocab_size, cfg.train.seq_len)
     tr = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))
-    state, ref = tr.init_state(gpt2.init_params(cfg.model, cfg.seed)), []
+    state, ref, ref_gn = tr.init_state(gpt2.init_params(cfg.model, cfg.seed)), [], []
     for step in range(3):
         x, y = data.train_batch(ds, cfg.train.seq_len, cfg.train.batch_size, cfg.seed, step)
         state, m = tr.step_fn(state, tr.put_batch(x), tr.put_batch(y))
         ref.append(float(m["loss"]))
+        ref_gn.append(float(m["grad_norm"]))
     rel = [abs(a["loss"] - b) / abs(b) for a, b in zip(recs, ref)]
     assert max(rel) <= SHARDED_VS_SINGLE["fp32"]["loss"], (rel, ref)
+    # gradients, not only losses: the pre-clip global norm of every step's averaged gradient (a
+    # missing or doubled 1/N moves it by >= 50%; AdamW would hide a uniform scale in the loss)
+    gn_rel = [abs(a["grad_norm"] - b) / b for a, b in zip(recs, ref_gn)]
+    assert max(gn_rel) <= SHARDED_VS_SINGLE["fp32"]["grad"], (gn_rel, ref_gn)
     assert ref[0] - ref[2] > 1e-2  # the steps change the loss far beyond the tolerance
 
 

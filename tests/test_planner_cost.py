@@ -241,3 +241,27 @@ def test_placement_order_decides_intra_or_inter_node():
     ratio = H100.bandwidth / H100.inter_bandwidth
     lat = a.collectives["tensor all-reduce"][0] - a.collectives["tensor all-reduce"][1] / H100.inter_bandwidth
     assert (a.comm_s["tensor"] - lat) == pytest.approx(ratio * (b.comm_s["tensor"] - lat), rel=1e-9)
+
+
+def test_zero3_bytes_per_step_closed_form():
+    """ZeRO-3 on fsdp=8 (H100: real reduce-scatter), one microbatch, no pipeline. Reference: the
+    ZeRO paper's count, by hand: every block weight is gathered twice (forward, and again in
+    backward), the embedding once, every gradient reduce-scattered once, each a ring moving
+    (f-1)/f of the fp32 tensor per device; GPT-2 block = 12 D^2 + 13 D parameters."""
+    m = ModelConfig(n_layer=4, n_embd=1024, n_head=16, vocab_size=32768, n_positions=1024)
+    L, D, V, P = m.n_layer, m.n_embd, m.vocab_size, m.n_positions
+    block, embed = 12 * D * D + 13 * D, V * D + P * D + 2 * D
+    ring = 7 / 8 * 4  # (f-1)/f of fp32 bytes
+    cb = estimate(Workload(m, 16, 1024), Strategy(fsdp=8), H100).comm_bytes
+    assert cb["all-gather"] == pytest.approx(ring * (embed + 2 * L * block), rel=1e-12)
+    assert cb["reduce-scatter"] == pytest.approx(ring * (embed + L * block), rel=1e-12)
+    assert cb["all-reduce"] == 0 and cb["ppermute"] == 0
+
+
+def test_gpipe_ppermute_bytes_closed_form():
+    """GPipe, S=4 stages, M=4 microbatches, one replica: each of the N = M + S - 1 = 7 schedule
+    iterations shifts one (b, T, D) bf16 microbatch activation to the next stage in forward and
+    its gradient back in backward. Reference: that count by hand (b = 16 rows / 4 microbatches)."""
+    m = ModelConfig(n_layer=4, n_embd=1024, n_head=16, vocab_size=32768, n_positions=1024)
+    cb = estimate(Workload(m, 16, 1024), Strategy(pipe=4, microbatches=4), H100).comm_bytes
+    assert cb["ppermute"] == 2 * 7 * (4 * 1024 * 1024 * 2)

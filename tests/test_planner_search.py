@@ -27,6 +27,11 @@ def test_mesh_divisibility():
     w2 = Workload(POW2, 32, 256)
     assert sorted(meshes(w2, 16)) == sorted(
         (d, f, t, p) for d, f, t, p in itertools.product(divisors(16), repeat=4) if d * f * t * p == 16 and t <= 8 and p <= 8)
+    # a 4-row batch: the batch-split axes data x fsdp must divide it (not data alone)
+    w3 = Workload(POW2, 4, 256)
+    assert sorted(meshes(w3, 16)) == sorted(
+        (d, f, t, p) for d, f, t, p in itertools.product(divisors(16), repeat=4)
+        if d * f * t * p == 16 and t <= 8 and p <= 8 and 4 % (d * f) == 0)
 
 
 def exhaustive(w, n, dev, limit, space):

@@ -205,7 +205,7 @@ def test_dry_run_prints_memory_and_bytes_and_writes_nothing(results):
 def test_replicate_numerics_equal_hf_transformers(results):
     """Reference: HF transformers GPT2LMHeadModel, fp32, same init and batch (loss and the
     gradient of every tensor; jaxpar's read back from AdamW's first moment, clipping off).
-    Bounds: parity_tests/tolerances.py MODEL (loss 1e-6, grads 1e-5 inf-norm relative)."""
+    Bounds: jaxpar/tolerances.py parity.model.loss / parity.model.grad (MODEL; inf-norm relative)."""
     import torch
     from claims_helpers import hf_model
 

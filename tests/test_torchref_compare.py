@@ -5,21 +5,21 @@ default test run (test_torchref_strategies covers the ring algorithm and 4 worke
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from extras import require_mpiexec
 
 from torchref.tolerances import LOSS_RTOL_AMP, LOSS_RTOL_FP32
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs mpiexec (pip install mpich)")
 def test_example_six_strategies(tmp_path):
+    require_mpiexec()
     out = tmp_path / "cmp"
     r = subprocess.run(["bash", str(ROOT / "examples" / "05_six_strategies.sh"), str(out), "train.steps=3",
                         "train.seq_len=32"], capture_output=True, text=True, check=False, timeout=600, cwd=ROOT,

@@ -120,6 +120,9 @@ def test_clip_and_adamw_step_match_optax():
              "transformer.wte.weight": (16, 8), "transformer.h.0.mlp.c_proj.weight": (32, 8)}
     p0 = {n: rng.standard_normal(s).astype(np.float32) for n, s in names.items()}
     grads = [{n: (rng.standard_normal(s) * 0.5).astype(np.float32) for n, s in names.items()} for _ in range(2)]
+    # step 2 just above the threshold (global norm 1.5 x grad_clip): clipping must act there too
+    norm2 = np.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads[1].values()))
+    grads[1] = {n: (g * (1.5 * t.grad_clip / norm2)).astype(np.float32) for n, g in grads[1].items()}
     tp = {n: torch.nn.Parameter(torch.from_numpy(v.copy())) for n, v in p0.items()}
     opt = make_optimizer(list(tp.items()), t)
     mask = {n: n.endswith("weight") and "wte" not in n for n in names}

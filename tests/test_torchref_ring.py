@@ -2,13 +2,16 @@
 sizes (0, 1, fewer elements than ranks, primes, non-multiples of N), under real mpiexec ranks."""
 
 import json
-import shutil
 import subprocess
 import sys
 
 import pytest
+from extras import require_mpiexec
 
-pytestmark = pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs mpiexec (pip install mpich)")
+
+@pytest.fixture(autouse=True)
+def _mpiexec():
+    require_mpiexec()
 
 SCRIPT = r"""
 import json, sys
