@@ -53,7 +53,7 @@ DRAWN_KEYS = {
     "model.layer_norm_epsilon", "sharding.replicate",
     "train.steps", "train.batch_size", "train.seq_len", "train.lr", "train.min_lr_ratio", "train.warmup_steps",
     "train.weight_decay", "train.beta1", "train.beta2", "train.eps", "train.grad_clip", "train.grad_accum",
-    "train.remat", "train.vocab_chunks", "train.mlp_chunks", "seed", "data",
+    "train.remat", "train.vocab_chunks", "train.mlp_chunks", "model.attention", "seed", "data",
     "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.pipe", "pipeline.microbatches", "pipeline.schedule",
     "pipeline.repeats",
 }
@@ -190,7 +190,8 @@ def examples(draw, slow: bool = False) -> Example:
         jx.append(f"sharding.replicate={','.join(replicate)}")
     # pipe > 1 with mlp_chunks > 1 was excluded until its scan-carry bug (found here) was fixed in jaxpar/ops.py
     mlp_chunks = _divisors(4 * n_embd, 4)
-    jx += [f"train.remat={draw(st.sampled_from(['none', 'selective', 'full']))}",
+    jx += [f"model.attention={draw(st.sampled_from(['auto', 'xla']))}",  # cudnn needs a GPU
+           f"train.remat={draw(st.sampled_from(['none', 'selective', 'full']))}",
            f"train.vocab_chunks={draw(st.sampled_from(_divisors(seq_len, 4)))}",
            f"train.mlp_chunks={draw(st.sampled_from(mlp_chunks))}"]
     return Example(tuple(common), vocab, tuple(jx), (f"strategy={strategy}", f"workers={workers}"))

@@ -17,6 +17,7 @@ TINY = ["model=gpt2-tiny", "train.seq_len=32", "train.batch_size=8"]
 SAMPLE = {
     "model": "gpt2-medium", "model.n_layer": "3", "model.n_embd": "64", "model.n_head": "2", "model.vocab_size": "300",
     "model.n_positions": "64", "model.dropout": "0.1", "model.layer_norm_epsilon": "1e-6",
+    "model.attention": "xla",
     "mesh.data": "2", "mesh.fsdp": "2", "mesh.tensor": "2", "mesh.pipe": "2", "pipeline.microbatches": "2",
     "pipeline.schedule": "circular", "pipeline.repeats": "2", "pipeline.layers_per_stage": "1,1",
     "train.steps": "7", "train.batch_size": "16", "train.seq_len": "16", "train.lr": "1e-3", "train.min_lr_ratio": "0.5",

@@ -57,6 +57,7 @@ KEY_POLICY: dict[str, tuple[str, str]] = {
     "train.ckpt_every": ("no-math", "torchref writes its weights at the end only"),
     "train.log_every": ("no-math", "console lines"),
     "train.skip_nonfinite": ("rejected", "torchref does not skip non-finite steps"),
+    "model.attention": ("same-math", "attention kernel (einsum core, jax.nn.dot_product_attention or cuDNN)"),
     "train.remat": ("same-math", "recomputation in backward"),
     "train.vocab_chunks": ("same-math", "chunked logits + cross-entropy"),
     "train.mlp_chunks": ("same-math", "chunked MLP"),
