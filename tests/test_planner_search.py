@@ -136,3 +136,24 @@ def test_memory_floor_never_exceeds_an_estimate():
         a = search(wb, 64, H100, limit, top_k=3)
         b = search(wb, 64, H100, limit, top_k=3, floor_pruning=False)
         assert a.best is not None and a.best.step_time_s == b.best.step_time_s and a.evaluated < b.evaluated
+
+
+@pytest.mark.parametrize("dev_name", ["h100", "cpu"])
+def test_lower_bound_never_exceeds_any_strategy_of_its_mesh(dev_name):
+    """The search visits meshes in order of `_lower_bound` and prunes on it, so it must bound every
+    strategy of the mesh from below (reference: the cost model's own estimate, option by option,
+    pipelined meshes included: an over-estimate there lets the search skip a pipelined optimum)."""
+    from jaxpar.planner.search import _lower_bound
+
+    dev = get_device(dev_name)
+    w = Workload(POW2, 32, 512)
+    worst, pipelined = 0.0, 0
+    for d, f, t, p in meshes(w, 16):
+        lb = _lower_bound(w, (d, f, t, p), dev)
+        reps = [1] + [r for r in REPEATS if p > 1 and w.model.n_layer % (p * r) == 0]
+        for r, M, remat in itertools.product(reps, divisors(w.batch_size // (d * f)), REMAT):
+            e = estimate(w, Strategy(d, f, t, p, M, r, remat), dev)
+            worst = max(worst, lb / e.step_time_s)
+        pipelined += p > 1
+    assert pipelined >= 10  # the space has pipelined meshes to bound
+    assert worst <= 1.0, f"lower bound above a real estimate by {worst:.3f}x"
