@@ -94,3 +94,30 @@ def test_bf16_policy_matmuls_bf16_statistics_softmax_logits_loss_fp32():
 def test_fp32_policy_has_no_bf16_op():
     """Reference: hand count; precision=fp32 (parity, sharding tests) must compute every op in fp32."""
     assert ops("fp32") == expected("float32")
+
+
+def test_bf16_logits_are_never_rounded_to_bf16():
+    """The (B, T, V) logits stay fp32 from the dot onwards: no float value of that shape is ever bf16
+    (a bf16 round trip after an fp32 dot keeps every dot's dtype above intact but loses ~u·|logit|).
+    Reference: the README's policy; vocab 200 so no other activation (B, T, F=512) shares the shape."""
+    import dataclasses
+
+    mc = dataclasses.replace(MC, vocab_size=200)
+    shape, found = (B, T, 200), collections.Counter()
+
+    def walk(jaxpr):
+        for e in jaxpr.eqns:
+            for v in e.outvars:
+                if tuple(v.aval.shape) == shape and jnp.issubdtype(v.aval.dtype, jnp.floating):
+                    found[str(v.aval.dtype)] += 1
+            for p in e.params.values():
+                for j in p if isinstance(p, (list, tuple)) else [p]:
+                    if isinstance(j, jcore.ClosedJaxpr):
+                        walk(j.jaxpr)
+                    elif isinstance(j, jcore.Jaxpr):
+                        walk(j)
+
+    tok = jax.ShapeDtypeStruct((B, T), jnp.int32)
+    walk(jax.make_jaxpr(lambda p, x, y: gpt2.loss_fn(mc, p, x, y, get_policy("bf16")))(
+        gpt2.abstract_params(mc), tok, tok).jaxpr)
+    assert found["float32"] >= 3 and set(found) == {"float32"}, found  # dot output, logsumexp, target pick

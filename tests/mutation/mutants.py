@@ -373,7 +373,8 @@ MUTANTS: list[Mutant] = [
            'logits = self.policy.einsum("btd,vd->btv", x, self.wte[...])',
            'logits = self.policy.linear("btd,vd->btv", x, self.wte[...]).astype(jnp.float32)',
            "logits computed in bf16 and upcast afterwards",
-           (T + "test_policy_dtypes.py", T + "test_model.py")),
+           (T + "test_policy_dtypes.py::test_bf16_logits_are_never_rounded_to_bf16", T + "test_policy_dtypes.py",
+            T + "test_model.py")),
     # ------------------------------------------------------------- CLI / sampling
     Mutant("cli_config_error_exit_1", "cli", "jaxpar/cli.py",
            '        _error_line(str(e))\n        return 2\n',
