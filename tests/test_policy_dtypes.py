@@ -32,28 +32,31 @@ WATCHED = ("dot_general", "reduce_sum", "reduce_max", "reduce_min", "argmax", "e
            "logistic", "log1p", "expm1")
 
 
-def ops(precision: str) -> collections.Counter:
-    """Counter of (primitive, input shapes, input dtypes, output dtype) over the forward loss jaxpr,
-    nested jaxprs (scan body, pjit, custom_jvp) included."""
-    found: collections.Counter = collections.Counter()
+def eqns(mc, precision: str):
+    """Every equation of the forward loss jaxpr, nested jaxprs (scan body, pjit, custom_jvp) included."""
 
     def walk(jaxpr):
         for e in jaxpr.eqns:
-            if e.primitive.name in WATCHED:
-                ins = tuple((tuple(v.aval.shape), str(v.aval.dtype)) for v in e.invars)
-                found[(e.primitive.name, ins, str(e.outvars[0].aval.dtype))] += 1
+            yield e
             for v in e.params.values():
                 for j in v if isinstance(v, (list, tuple)) else [v]:
                     if isinstance(j, jcore.ClosedJaxpr):
-                        walk(j.jaxpr)
+                        yield from walk(j.jaxpr)
                     elif isinstance(j, jcore.Jaxpr):
-                        walk(j)
-
-    def loss(p, x, y):
-        return gpt2.loss_fn(MC, p, x, y, get_policy(precision))
+                        yield from walk(j)
 
     tok = jax.ShapeDtypeStruct((B, T), jnp.int32)
-    walk(jax.make_jaxpr(loss)(gpt2.abstract_params(MC), tok, tok).jaxpr)
+    yield from walk(jax.make_jaxpr(lambda p, x, y: gpt2.loss_fn(mc, p, x, y, get_policy(precision)))(
+        gpt2.abstract_params(mc), tok, tok).jaxpr)
+
+
+def ops(precision: str) -> collections.Counter:
+    """Counter of (primitive, input shapes, input dtypes, output dtype) over the forward loss jaxpr."""
+    found: collections.Counter = collections.Counter()
+    for e in eqns(MC, precision):
+        if e.primitive.name in WATCHED:
+            ins = tuple((tuple(v.aval.shape), str(v.aval.dtype)) for v in e.invars)
+            found[(e.primitive.name, ins, str(e.outvars[0].aval.dtype))] += 1
     return found
 
 
@@ -102,22 +105,9 @@ def test_bf16_logits_are_never_rounded_to_bf16():
     Reference: the README's policy; vocab 200 so no other activation (B, T, F=512) shares the shape."""
     import dataclasses
 
-    mc = dataclasses.replace(MC, vocab_size=200)
     shape, found = (B, T, 200), collections.Counter()
-
-    def walk(jaxpr):
-        for e in jaxpr.eqns:
-            for v in e.outvars:
-                if tuple(v.aval.shape) == shape and jnp.issubdtype(v.aval.dtype, jnp.floating):
-                    found[str(v.aval.dtype)] += 1
-            for p in e.params.values():
-                for j in p if isinstance(p, (list, tuple)) else [p]:
-                    if isinstance(j, jcore.ClosedJaxpr):
-                        walk(j.jaxpr)
-                    elif isinstance(j, jcore.Jaxpr):
-                        walk(j)
-
-    tok = jax.ShapeDtypeStruct((B, T), jnp.int32)
-    walk(jax.make_jaxpr(lambda p, x, y: gpt2.loss_fn(mc, p, x, y, get_policy("bf16")))(
-        gpt2.abstract_params(mc), tok, tok).jaxpr)
+    for e in eqns(dataclasses.replace(MC, vocab_size=200), "bf16"):
+        for v in e.outvars:
+            if tuple(v.aval.shape) == shape and jnp.issubdtype(v.aval.dtype, jnp.floating):
+                found[str(v.aval.dtype)] += 1
     assert found["float32"] >= 3 and set(found) == {"float32"}, found  # dot output, logsumexp, target pick
