@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 _XLA_CACHE = tempfile.mkdtemp(prefix="jaxpar-test-xla-cache-")
 atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
@@ -32,3 +33,34 @@ def run(args: list[str], tool: str = "jaxpar", timeout: float = 600, **env) -> s
     mod = {"jaxpar": "jaxpar.cli", "torchref": "torchref.cli"}[tool]
     return subprocess.run([sys.executable, "-m", mod, *args], capture_output=True, text=True, timeout=timeout,
                           env=clean_env(**env))
+
+
+def wait_for_steps(out, proc: subprocess.Popen, min_steps: int = 1, timeout: float = 300) -> None:
+    """Block until `<out>/metrics.jsonl` holds `min_steps` complete lines, failing with the run's stderr
+    if the process exits first or `timeout` seconds pass (a line counts once its newline is written)."""
+    path = os.path.join(out, "metrics.jsonl")
+    deadline = time.monotonic() + timeout
+    while True:
+        if os.path.exists(path):
+            with open(path) as f:
+                if f.read().count("\n") >= min_steps:
+                    return
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"fewer than {min_steps} steps in {timeout} s"
+        time.sleep(0.2)
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of `pid` (Linux /proc), e.g. the ranks under `jaxpar launch`."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(x) for x in f.read().split()]
+
+
+def rank_of(pid: int) -> int | None:
+    """JAXPAR_PROCESS_ID of a running process, None if it has none (or is gone)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        return int(env[b"JAXPAR_PROCESS_ID"])
+    except (OSError, KeyError, ValueError):
+        return None

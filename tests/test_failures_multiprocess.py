@@ -17,21 +17,10 @@ import sys
 import time
 
 import pytest
-from cli_helpers import clean_env
+from cli_helpers import children, clean_env, rank_of, wait_for_steps
 
 TRAIN = ["train", "model=gpt2-tiny", "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "train.seq_len=16",
          "train.batch_size=2", "mesh.data=2", "train.steps=100000", "train.eval_every=0", "progress=plain"]
-
-
-def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(x) for x in f.read().split()]
-
-
-def _rank_of(pid: int) -> int:
-    with open(f"/proc/{pid}/environ", "rb") as f:
-        env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-    return int(env[b"JAXPAR_PROCESS_ID"])
 
 
 def _steps(out) -> list[int]:
@@ -45,11 +34,8 @@ def _sigterm_one_rank(tmp_path, rank: int):
                          env=clean_env(JAXPAR_HEARTBEAT_TIMEOUT="20"), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 300
-        while not (out / "metrics.jsonl").exists() or len(_steps(out)) < 2:
-            assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1][-3000:]
-            time.sleep(0.2)
-        kids = {_rank_of(c): c for c in _children(p.pid)}
+        wait_for_steps(out, p, min_steps=2)
+        kids = {rank_of(c): c for c in children(p.pid)}
         os.kill(kids[rank], signal.SIGTERM)
         stdout, stderr = p.communicate(timeout=120)
     finally:
@@ -92,10 +78,7 @@ def test_a_rank_that_loses_its_peer_exits_with_one_error_line(tmp_path):
                                             JAXPAR_PROCESS_ID=str(r), JAXPAR_HEARTBEAT_TIMEOUT="10"))
              for r in range(2)]
     try:
-        deadline = time.monotonic() + 300
-        while not (out / "metrics.jsonl").exists() or len(_steps(out)) < 2:
-            assert procs[0].poll() is None and time.monotonic() < deadline, procs[0].communicate()[1][-3000:]
-            time.sleep(0.2)
+        wait_for_steps(out, procs[0], min_steps=2)
         procs[1].kill()
         t0 = time.monotonic()
         _, err = procs[0].communicate(timeout=120)

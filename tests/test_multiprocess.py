@@ -18,6 +18,7 @@ import sys
 import time
 
 import pytest
+from cli_helpers import children, rank_of, wait_for_steps
 from extras import require_mpiexec
 
 from jaxpar.tolerances import MULTIPROCESS_VS_SINGLE
@@ -35,31 +36,6 @@ def _env(**extra):
 def _losses(run_dir, key: str = "loss") -> list[float]:
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(ln)[key] for ln in f if ln.strip()]
-
-
-def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(x) for x in f.read().split()]
-
-
-def _rank_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        return int(env[b"JAXPAR_PROCESS_ID"])
-    except (OSError, KeyError, ValueError):
-        return None
-
-
-def _wait_for_metrics(run_dir, proc, timeout=240):
-    path = os.path.join(run_dir, "metrics.jsonl")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if os.path.exists(path) and os.path.getsize(path) > 0:
-            return
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
-        time.sleep(0.5)
-    raise AssertionError("no step finished in time")
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +88,8 @@ def test_dead_rank_stops_the_job_via_launcher(tmp_path):
                           "train.steps=100000", f"out={out}"], env=_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for_metrics(out, p)
-        kids = {_rank_of(c): c for c in _children(p.pid)}
+        wait_for_steps(out, p, timeout=240)
+        kids = {rank_of(c): c for c in children(p.pid)}
         os.kill(kids[1], signal.SIGKILL)
         t0 = time.monotonic()
         _, err = p.communicate(timeout=60)
@@ -139,7 +115,7 @@ def test_dead_rank_without_launcher_survivor_errors_out(tmp_path):
                                        JAXPAR_PROCESS_ID=str(r)), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for r in range(2)]
     try:
-        _wait_for_metrics(out, procs[0])
+        wait_for_steps(out, procs[0], timeout=240)
         procs[1].kill()
         t0 = time.monotonic()
         _, err = procs[0].communicate(timeout=120)
