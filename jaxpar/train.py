@@ -35,12 +35,20 @@ State = dict[str, Any]
 
 
 def lr_schedule(tc: TrainConfig) -> optax.Schedule:
-    """Linear warmup 0 -> lr over min(warmup_steps, steps), then cosine to lr*min_lr_ratio at `steps`."""
+    """lr of 0-based update `count`: linear warmup lr*(count+1)/(W+1) for count < W, W = min(warmup_steps,
+    steps), then cosine from lr to lr*min_lr_ratio at `steps`.
+
+    The +1s are nanoGPT's and torchtitan's: the first update already moves the weights (a warmup from
+    exactly 0 made update 1 a no-op, so `train.steps=1` trained nothing)."""
     warmup = min(tc.warmup_steps, tc.steps)
     decay = optax.cosine_decay_schedule(tc.lr, max(tc.steps - warmup, 1), alpha=tc.min_lr_ratio)
     if warmup == 0:
         return decay
-    return optax.join_schedules([optax.linear_schedule(0.0, tc.lr, warmup), decay], [warmup])
+
+    def schedule(count):
+        return jnp.where(count < warmup, tc.lr * (count + 1) / (warmup + 1), decay(count - warmup))
+
+    return schedule
 
 
 def decay_mask(params) -> Any:

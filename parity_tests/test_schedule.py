@@ -65,10 +65,13 @@ def test_schedules_agree_on_the_whole_grid():
 def test_the_definition_by_hand():
     """The documented definition's landmarks, in both implementations (numbers, not a comparison)."""
     short = TrainConfig(steps=5, warmup_steps=100, lr=LR)  # the issue's run: warmup over min(100, 5) = 5
-    assert lr_at(short, 2) == pytest.approx(LR * 2 / 5, rel=1e-12)
-    assert float(lr_schedule(short)(2)) == pytest.approx(LR * 2 / 5, rel=1e-6)
+    assert lr_at(short, 2) == pytest.approx(LR * 3 / 6, rel=1e-12)
+    assert float(lr_schedule(short)(2)) == pytest.approx(LR * 3 / 6, rel=1e-6)
+    one = TrainConfig(steps=1, lr=LR)  # default warmup: the one update of a 1-step run is not a no-op
+    assert lr_at(one, 0) == pytest.approx(LR / 2, rel=1e-12)
+    assert float(lr_schedule(one)(0)) == pytest.approx(LR / 2, rel=1e-6)
     long = TrainConfig(steps=300, warmup_steps=100, lr=LR, min_lr_ratio=0.1)
-    for s, want in ((0, 0.0), (50, LR / 2), (100, LR), (200, LR * 0.55), (299, LR * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * 199 / 200))))):
+    for s, want in ((0, LR / 101), (50, LR * 51 / 101), (99, LR * 100 / 101), (100, LR), (200, LR * 0.55), (299, LR * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * 199 / 200))))):
         assert lr_at(long, s) == pytest.approx(want, rel=1e-12, abs=1e-18)
         assert float(lr_schedule(long)(s)) == pytest.approx(want, rel=1e-6, abs=1e-12)
     assert lr_at(TrainConfig(steps=10, warmup_steps=0, lr=LR), 0) == LR  # no warmup: start at the peak

@@ -98,18 +98,18 @@ def lr_at(t: TrainConfig, step):
 
         W = min(train.warmup_steps, train.steps)       warmup never outlasts the run
         D = max(train.steps - W, 1)                    cosine length
-        lr(s) = lr * s / W                                    for s < W
+        lr(s) = lr * (s + 1) / (W + 1)                        for s < W (nanoGPT's, torchtitan's +1s)
         lr(s) = lr * (r + (1 - r) * (1 + cos(pi * min(s - W, D) / D)) / 2)   otherwise, r = min_lr_ratio
 
-    So a run shorter than its warmup warms up over the whole run (lr(1) = lr / steps), and a
-    run with W = 0 starts at the peak. jaxpar's `lr_schedule` builds the same function from optax
+    So the first update already moves the weights (lr(0) = lr / (W + 1)), a run shorter than its
+    warmup warms up over the whole run, and a run with W = 0 starts at the peak. jaxpar's `lr_schedule` builds the same function from optax
     parts; `parity_tests/test_schedule.py` compares the two value by value."""
     s = np.asarray(step, dtype=np.float64)
     warm = min(t.warmup_steps, t.steps)
     span = max(t.steps - warm, 1)
     frac = np.minimum(s - warm, span) / span
     cosine = t.lr * (t.min_lr_ratio + (1.0 - t.min_lr_ratio) * 0.5 * (1.0 + np.cos(np.pi * frac)))
-    lr = np.where(s < warm, t.lr * s / max(warm, 1), cosine)
+    lr = np.where(s < warm, t.lr * (s + 1) / (warm + 1), cosine)
     return float(lr) if lr.ndim == 0 else lr
 
 
