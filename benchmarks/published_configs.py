@@ -106,12 +106,13 @@ def published_mfu(r: Row) -> float:
     return r.tflops * 1e12 * workload(r).model.flops_per_token(SEQ) / megatron_flops_per_token(r) / PEAK
 
 
-def evaluate_published(r: Row, dev, order):
+def evaluate_published(r: Row, dev, order, engine: str = "jaxpar"):
     """The published configuration (mesh, M, R from run_table_1.sh, full recompute) under the
-    cost model in device placement `order`."""
+    cost model in device placement `order`, with jaxpar's or Megatron-LM's pipeline engine
+    (cost.Strategy.engine)."""
     from jaxpar.planner.cost import Strategy, estimate
 
-    s = Strategy(r.data, 1, r.tensor, r.pipe, r.microbatches, r.repeats, "full", order=order)
+    s = Strategy(r.data, 1, r.tensor, r.pipe, r.microbatches, r.repeats, "full", order=order, engine=engine)
     return estimate(workload(r), s, dev, dev.memory)
 
 
@@ -121,7 +122,7 @@ def brief(e) -> dict | None:
     s = e.strategy
     return {"mesh": s.mesh, "microbatches": s.microbatches, "repeats": s.repeats, "remat": s.remat,
             "replicated": list(s.replicated), "vocab_chunks": s.vocab_chunks, "mlp_chunks": s.mlp_chunks,
-            "order": list(s.order), "mfu": e.mfu, "step_time_s": e.step_time_s, "compute_s": e.compute_s,
+            "order": list(s.order), "engine": s.engine, "mfu": e.mfu, "step_time_s": e.step_time_s, "compute_s": e.compute_s,
             "bubble": e.bubble, "comm_s": e.comm_s, "memory_gib": e.memory["total"] / 2**30,
             "memory_breakdown_gib": {k: v / 2**30 for k, v in e.memory.items() if k != "total"}}
 
@@ -138,6 +139,7 @@ def run_row(r: Row, dev) -> dict:
                 "placement_only": evaluate_published(r, old, MEGATRON_ORDER)}
     jx = evaluate_published(r, dev, JAXPAR_ORDER)
     mg = evaluate_published(r, dev, MEGATRON_ORDER)
+    eng = evaluate_published(r, dev, MEGATRON_ORDER, "megatron")  # + Megatron's pipeline engine (what-if)
     # planning time: wall clock and this process's CPU time (the 2-core box is shared, so wall
     # time is inflated by the other jobs' load; CPU time is what planning costs)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -162,6 +164,7 @@ def run_row(r: Row, dev) -> dict:
         "published_jaxpar_placement": brief(jx), "published_megatron_placement": brief(mg),
         "published_fits_jaxpar_memory": mg.fits,
         "err_jaxpar_placement": jx.mfu / pub - 1, "err_megatron_placement": mg.mfu / pub - 1,
+        "published_megatron_engine": brief(eng), "err_megatron_engine": eng.mfu / pub - 1,
         "pick": brief(pick), "pick_error": no_fit, "plan_seconds": plan_s, "plan_cpu_seconds": plan_cpu_s,
         "plan_evaluated": res.evaluated,
         "pick_no_slower_than_published_jaxpar_placement": bool(pick) and pick.step_time_s <= jx.step_time_s,
@@ -190,6 +193,115 @@ def pipeline_choice(r: Row, dev) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------- Korthikanti et al. 2022
+
+SRC_2022_MFU = ("NVIDIA/Megatron-LM README (commit 2e90a342f5, 2022-05-19): model FLOPs utilization 22B 41.5%, "
+                "175B 51.4%, 530B 56.0%, 1T 56.3%, 'measured using a data parallel size of one'")
+SRC_2022_CONFIG = ("Korthikanti et al. 2022 (arXiv 2205.05198), Table 3 (heads, hidden, layers, t, p, GPUs, global and "
+                   "micro batch; seq 2048, vocab 51200, A100-80GB) and Table 5 (iteration time with sequence "
+                   "parallelism + selective recompute); not in a stored repository, cross-checked: Table 5's times "
+                   "give the README's MFU within their rounding with the paper's model FLOPs 72·B·s·l·h²(1 + s/6h + V/12lh)")
+
+
+@dataclass(frozen=True)
+class Row2022:
+    name: str
+    heads: int
+    hidden: int
+    layers: int
+    tensor: int
+    pipe: int
+    gpus: int
+    batch: int
+    micro: int
+    mfu: float  # README model FLOPs utilization (the paper's model FLOPs)
+    iter_s: float  # Table 5, sequence parallelism + selective recompute
+
+    @property
+    def microbatches(self) -> int:  # data parallel size one: every sequence passes one pipeline
+        return self.batch // self.micro
+
+
+ROWS_2022 = [  # name, heads, hidden, layers, t, p, GPUs, batch, micro-batch, MFU, iteration s
+    Row2022("22B", 64, 6144, 48, 8, 1, 8, 4, 4, 0.415, 1.10),
+    Row2022("175B", 96, 12288, 96, 8, 8, 64, 64, 1, 0.514, 13.75),
+    Row2022("530B", 128, 20480, 105, 8, 35, 280, 280, 1, 0.560, 37.83),
+    Row2022("1T", 160, 25600, 128, 8, 64, 512, 512, 1, 0.563, 71.49),
+]
+
+
+def paper_model_flops_per_token(r) -> float:
+    """Korthikanti et al.'s model FLOPs (no recompute): 72·l·h²·(1 + s/6h + V/12lh) per token."""
+    L, h = r.layers, r.hidden
+    return 72 * L * h * h * (1 + SEQ / (6 * h) + VOCAB / (12 * L * h))
+
+
+def published_mfu_2022(r: Row2022) -> float:
+    """The README's MFU converted to the planner's model FLOPs (6N + 12·L·H·Q·T per token)."""
+    return r.mfu * workload(r).model.flops_per_token(SEQ) / paper_model_flops_per_token(r)
+
+
+def evaluate_2022(r: Row2022, dev, order, engine: str):
+    """The published configuration under the cost model. With Megatron's engine its own
+    selective recompute (sequence parallelism is not modelled: its RS + AG move the bytes of the
+    all-reduce it replaces; it also splits LayerNorm/dropout work and memory by t, which the model
+    does not, so it errs slow). With jaxpar's engine what jaxpar would run: selective without a
+    pipeline; with one, pipeline.py re-runs every stage (a full recompute) whatever remat says."""
+    from jaxpar.planner.cost import Strategy, estimate
+
+    remat = "selective" if engine == "megatron" or r.pipe == 1 else "full"
+    s = Strategy(1, 1, r.tensor, r.pipe, r.microbatches, 1, remat, order=order, engine=engine)
+    return estimate(workload(r), s, dev, dev.memory)
+
+
+def run_row_2022(r: Row2022, dev) -> dict:
+    from jaxpar.planner.cost import JAXPAR_ORDER, MEGATRON_ORDER
+    from jaxpar.planner.search import search
+
+    pub = published_mfu_2022(r)
+    eng = evaluate_2022(r, dev, MEGATRON_ORDER, "megatron")
+    jx = evaluate_2022(r, dev, JAXPAR_ORDER, "jaxpar")
+    jx_mg = evaluate_2022(r, dev, MEGATRON_ORDER, "jaxpar")
+    res = search(workload(r), r.gpus, dev, dev.memory)
+    pick = res.best
+    return {"row": r.name, "heads": r.heads, "hidden": r.hidden, "layers": r.layers, "tensor": r.tensor,
+            "pipe": r.pipe, "gpus": r.gpus, "batch": r.batch, "micro_batch": r.micro,
+            "microbatches": r.microbatches, "published_mfu_paper_flops": r.mfu, "published_iter_s": r.iter_s,
+            "published_mfu_model_flops": pub,
+            "published_megatron_engine": brief(eng), "err_megatron_engine": eng.mfu / pub - 1,
+            "published_jaxpar": brief(jx), "err_jaxpar": jx.mfu / pub - 1,
+            "published_jaxpar_engine_published_placement": brief(jx_mg), "err_jaxpar_engine": jx_mg.mfu / pub - 1,
+            "pick": brief(pick),
+            "pick_error": None if pick else f"no plan fits: smallest need {res.min_memory / 2**30:.1f} GiB",
+            "pick_no_slower_than_published_jaxpar": bool(pick) and pick.step_time_s <= jx.step_time_s,
+            "pick_no_slower_than_published_megatron_engine": bool(pick) and pick.step_time_s <= eng.step_time_s}
+
+
+def markdown_2022(rows: list[dict]) -> str:
+    out = ["", "## Korthikanti et al. 2022: sequence parallelism + selective recompute", "",
+           f"MFU: {SRC_2022_MFU}. Configuration: {SRC_2022_CONFIG}.", "",
+           "(a) Megatron = the published configuration (d=1, M = batch / micro-batch, R=1) in the published placement "
+           "with Megatron's pipeline engine and selective recompute (cost.Strategy.engine='megatron'; sequence "
+           "parallelism not modelled). (a) jaxpar = what jaxpar would run (its placement, its pipeline: every stage "
+           "re-run; no sequence parallelism). (b) = the planner's pick (jaxpar, must fit 80 GiB).", "",
+           "| row | d×f×t×p, M | published MFU (model FLOPs) | (a) Megatron | err | memory | (a) jaxpar | err | memory "
+           "| (b) pick | (b) MFU | (b) ≤ (a) jaxpar | (b) ≤ (a) Megatron |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for x in rows:
+        e, j, pk = x["published_megatron_engine"], x["published_jaxpar"], x["pick"]
+        out.append(
+            f"| {x['row']} | 1×1×{x['tensor']}×{x['pipe']}, {x['microbatches']} | "
+            f"{100 * x['published_mfu_model_flops']:.1f}% | {100 * e['mfu']:.1f}% | {100 * x['err_megatron_engine']:+.0f}% "
+            f"| {e['memory_gib']:.0f} GiB | {100 * j['mfu']:.1f}% ({j['remat']}) | {100 * x['err_jaxpar']:+.0f}% "
+            f"| {j['memory_gib']:.0f} GiB "
+            + (f"| {_mesh(pk['mesh'])} {pk['remat']} M={pk['microbatches']}"
+               + (f" R={pk['repeats']}" if pk["mesh"]["pipe"] > 1 else "") + f" | {100 * pk['mfu']:.1f}% "
+               if pk else "| nothing fits 80 GiB | — ")
+            + f"| {'yes' if x['pick_no_slower_than_published_jaxpar'] else 'no'} "
+            + f"| {'yes' if x['pick_no_slower_than_published_megatron_engine'] else 'no'} |")
+    return "\n".join(out) + "\n"
+
+
 def _mesh(m: dict) -> str:
     return "×".join(str(m[k]) for k in ("data", "fsdp", "tensor", "pipe"))
 
@@ -204,12 +316,14 @@ def markdown(rows: list[dict], dev) -> str:
            "regardless of jaxpar's memory (its jaxpar memory per device in brackets: jaxpar's pipeline keeps every "
            "microbatch's stage input, Megatron's 1F1B only p of them). before = the model before issue 15 (efficiency 0.55, no GPU "
            "elementwise term, jaxpar's placement); placement = the published placement alone; after = all changes. "
+           "+ engine = after, costed with Megatron-LM's pipeline engine (1F1B memory, embedding/head on the end "
+           "stages, scatter/gather p2p: cost.Strategy.engine, a what-if jaxpar cannot run). "
            "(b) = the planner's pick (jaxpar's placement, must fit 80 GiB).",
            "",
            "| row | published d×f×t×p | published MFU | (a) before | (a) placement | (a) after | err before "
-           "| err placement | err after | (a) after, jaxpar placement | (b) pick | (b) MFU | (b) ≤ (a) after, "
+           "| err placement | err after | (a) + engine | err + engine | (a) after, jaxpar placement | (b) pick | (b) MFU | (b) ≤ (a) after, "
            "jaxpar placement | (b') pick in the published placement | (b') ≤ (a) after |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         mg, pk = x["published_megatron_placement"], x["pick"]
         out.append(
@@ -217,7 +331,9 @@ def markdown(rows: list[dict], dev) -> str:
             f"| {100 * x['before']['mfu']:.1f}% | {100 * x['placement_only']['mfu']:.1f}% "
             f"| {100 * mg['mfu']:.1f}% (M={mg['microbatches']}, R={mg['repeats']}, {mg['memory_gib']:.0f} GiB) "
             f"| {100 * x['err_before']:+.0f}% | {100 * x['err_placement_only']:+.0f}% "
-            f"| {100 * x['err_megatron_placement']:+.0f}% | {100 * x['published_jaxpar_placement']['mfu']:.1f}% "
+            f"| {100 * x['err_megatron_placement']:+.0f}% | {100 * x['published_megatron_engine']['mfu']:.1f}% "
+            f"({x['published_megatron_engine']['memory_gib']:.0f} GiB) | {100 * x['err_megatron_engine']:+.0f}% "
+            f"| {100 * x['published_jaxpar_placement']['mfu']:.1f}% "
             + (f"| {_mesh(pk['mesh'])} {pk['remat']} M={pk['microbatches']}"
                + (f" R={pk['repeats']}" if pk["mesh"]["pipe"] > 1 else "") + f" | {100 * pk['mfu']:.1f}% "
                if pk else "| nothing fits 80 GiB | — ")
@@ -251,6 +367,12 @@ def main(argv: list[str] | None = None) -> int:
               f"({100 * x['err_megatron_placement']:+.0f}%) | (b) "
               + (f"{_mesh(x['pick']['mesh'])} {100 * x['pick']['mfu']:.1f}%" if x["pick"] else x["pick_error"])
               + f" | planned in {x['plan_seconds']:.2f} s wall, {x['plan_cpu_seconds']:.2f} s CPU")
+    rows_2022 = [run_row_2022(r, dev) for r in ROWS_2022 if not args.rows or r.name in args.rows.split(",")]
+    for x in rows_2022:
+        print(f"{x['row']:>8} (2022): published {100 * x['published_mfu_model_flops']:.1f}% | (a) Megatron engine "
+              f"{100 * x['published_megatron_engine']['mfu']:.1f}% ({100 * x['err_megatron_engine']:+.0f}%), jaxpar "
+              f"{100 * x['published_jaxpar']['mfu']:.1f}% ({100 * x['err_jaxpar']:+.0f}%) | (b) "
+              + (f"{_mesh(x['pick']['mesh'])} {100 * x['pick']['mfu']:.1f}%" if x["pick"] else x["pick_error"]))
     choice = {}
     for r in pick_rows:
         if r.name in args.pipeline_rows.split(","):
@@ -268,6 +390,12 @@ def main(argv: list[str] | None = None) -> int:
                                                 "efficiency", "knee_rows", "knee_cols", "overlap",
                                                 "hbm_bandwidth")},
         "rows": rows,
+        "sources_2022": {"mfu": SRC_2022_MFU, "configuration": SRC_2022_CONFIG},
+        "rows_2022": rows_2022,
+        "within_15pct_megatron_engine": sum(abs(x["err_megatron_engine"]) <= 0.15 for x in rows),
+        "within_15pct_2022_megatron_engine": sum(abs(x["err_megatron_engine"]) <= 0.15 for x in rows_2022),
+        "within_15pct_2022_jaxpar": sum(abs(x["err_jaxpar"]) <= 0.15 for x in rows_2022),
+        "pick_no_slower_2022_jaxpar": sum(x["pick_no_slower_than_published_jaxpar"] for x in rows_2022),
         "pipeline_choice": choice,
         "within_15pct_published_placement": sum(abs(x["err_megatron_placement"]) <= 0.15 for x in rows),
         "within_15pct_before": sum(abs(x["err_before"]) <= 0.15 for x in rows),
@@ -284,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(report, fh, indent=1)
     md = os.path.splitext(args.out)[0] + ".md"
     with open(md, "w") as fh:
-        fh.write(markdown(rows, dev))
+        fh.write(markdown(rows, dev) + (markdown_2022(rows_2022) if rows_2022 else ""))
     print(f"within 15%: before {report['within_15pct_before']}/{len(rows)}, after (published placement) "
           f"{report['within_15pct_published_placement']}/{len(rows)}; pick no slower than published (both in "
           f"jaxpar's placement): {report['pick_no_slower_than_published_same_placement']['jaxpar']}/{len(rows)}, "

@@ -97,6 +97,15 @@ class Strategy:
     # list, pipe fastest); MEGATRON_ORDER is Megatron-LM's rank layout (tensor groups are
     # consecutive ranks, pipeline groups strided by n/p: megatron/core/parallel_state.py).
     order: tuple[str, ...] = JAXPAR_ORDER
+    # Pipeline engine. "jaxpar" is what parallel/pipeline.py runs (GPipe-order scan, every stage
+    # re-run in backward whatever `remat` says, embedding / head outside the stages with the
+    # embedded inputs gathered and the outputs broadcast over pipe). "megatron" costs Megatron-LM's
+    # engine for comparisons only (benchmarks/published_configs.py; jaxpar cannot run it): 1F1B
+    # with `remat` applied per layer (Korthikanti et al. 2022 §4.2.3: the first stage holds p
+    # microbatches in flight, ×(1 + (p-1)/(p·R)) interleaved), embedding on stage 0 and head on
+    # stage p-1 (no pipe gather/broadcast), and the scatter/gather p2p of Narayanan et al. 2021
+    # §4.1 (each tensor rank sends 1/t of the stage output, then an all-gather over tensor).
+    engine: str = "jaxpar"
 
     @property
     def mesh(self) -> dict[str, int]:
@@ -247,7 +256,8 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     d, f, t, S, M, R = s.data, s.fsdp, s.tensor, s.pipe, s.microbatches, s.repeats
     # pipeline.py always rematerialises whole stages and runs the layers inside without remat,
     # so an inner policy has no effect there.
-    remat = "none" if S > 1 else s.remat
+    mg = S > 1 and s.engine == "megatron"  # what-if: Megatron-LM's pipeline engine (Strategy.engine)
+    remat = "none" if S > 1 and not mg else s.remat
     alpha = dev.latency
     sharded = {g: (f > 1 and g not in s.replicated) for g in GROUPS}
     el = group_elems(m, t, f, sharded)
@@ -259,7 +269,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     # --- FLOPs (per device, per microbatch): forward of one layer and of the head
     fl_layer = 24 * T * b * D * D / t + 4 * T * T * b * D / t
     fl_head = 2 * T * b * D * V / t
-    extra_fwd = (1.0 if remat == "full" else 0.0) + (1.0 if S > 1 else 0.0)
+    extra_fwd = (1.0 if remat == "full" else 0.0) + (1.0 if S > 1 and not mg else 0.0)
     fl_layer_train = fl_layer * (3 + extra_fwd)
     if remat == "selective":
         fl_layer_train += 4 * T * T * b * D / t  # recompute scores + probs·V
@@ -285,10 +295,16 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         layers_state = L / S if uniform else L  # non-uniform: stored `layers` dim replicated over pipe
         layers_run = iters * lmax
         head_rows_share = 1.0 / S  # embedding and head run outside, batch split over pipe too
+        if mg:  # Megatron: the head runs on the last stage, which is then the slowest
+            head_rows_share = 1.0
         compute = (layers_run * fl_layer_train + M * fl_head_train * head_rows_share) * sec
         bubble = 1.0 - R * M / iters
-        acts = (iters + (M if M > S else 0)) * unit + lmax * saved
-        acts += 2 * M * unit  # embedded inputs gathered over pipe + broadcast outputs (b_rep rows)
+        if mg:  # 1F1B: min(M, S) microbatches in flight on the first stage, each with its R·lmax layers
+            inflight = min(M, S) * (1 + (S - 1) / (S * R) if R > 1 else 1)
+            acts = inflight * R * lmax * saved + (live if remat == "full" else 0.0)
+        else:
+            acts = (iters + (M if M > S else 0)) * unit + lmax * saved
+            acts += 2 * M * unit  # embedded inputs gathered over pipe + broadcast outputs (b_rep rows)
         passes = 1  # fsdp gathers / grad reductions happen once per step, outside the scan
     else:
         lps, layers_state, iters, bubble = (), L, M, 0.0
@@ -308,7 +324,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     n_el = el["embed"] + layers_state * (el["attn"] + el["mlp"])
     # train.py's accumulation loop keeps a second fp32 grad tree; a pipeline accumulates inside its scan.
     mem = {"params": 4 * n_el, "grads": 4 * n_el * (2 if M > 1 and S == 1 else 1), "optimizer": 8 * n_el}
-    head = 2 * T * b * V * 4 / t / s.vocab_chunks * (M * head_rows_share if S > 1 else 1)
+    head = 2 * T * b * V * 4 / t / s.vocab_chunks * (M * head_rows_share if S > 1 and not mg else 1)
     # logits/log-probs/grad + one layer's activation grads (a pipeline's stage re-run is in `acts`)
     tmp = head + live * (1 if remat != "full" and S == 1 else 0)
     if f > 1 and S > 1:  # pipeline.py gathers a stage's weights once per step; grads stay unsharded until the end
@@ -317,7 +333,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         # major), its wrapped_copy to the scan's row-major layout, and the unsharded grad carried
         # by the scan: 3 · 4 · R · lmax · (sharded block params per layer).
         tmp += 12 * R * lmax * sum(full[g] for g in ("attn", "mlp") if sharded[g])
-    if S > 1 and R > 1:
+    if S > 1 and R > 1 and not mg:
         tmp += 4 * (L / S) * full_layer  # circular re-layout moves a copy of the stage's block params
     if s.mlp_chunks > 1 and S == 1:
         # only one chunk of the MLP hidden activations is live at once; a pipeline's stage re-run
@@ -428,11 +444,16 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         add("all-reduce", "data", all_reduce(n_red, 4 * n / shard, alpha, bw), passes)
     if S > 1:
         bw = bws["pipe"]
-        add("ppermute", "pipe", ppermute(unit, alpha, bw), 2 * iters)
-        if R > 1:  # circular re-layout: (R-1)/R of the stage's block params move, and their grads back
+        if mg:  # scatter/gather p2p: 1/t of the output per tensor rank, re-assembled over tensor
+            add("ppermute", "pipe", ppermute(unit / t, alpha, bw), 2 * iters)
+            add("all-gather", "tensor", all_gather(t, unit, alpha, bws["tensor"]), 2 * iters)
+        else:
+            add("ppermute", "pipe", ppermute(unit, alpha, bw), 2 * iters)
+        if R > 1 and not mg:  # circular re-layout: (R-1)/R of the stage's block params move, and their grads back
             add("ppermute", "pipe", ppermute(4 * (L / S) * full_layer * (R - 1) / R, alpha, bw), 2)
-        add("all-gather", "pipe", all_gather(S, M * unit, alpha, bw), 2)  # embedded inputs to every stage
-        add("all-reduce", "pipe", all_reduce(S, M * unit, alpha, bw), 2)  # last stage's outputs back
+        if not mg:
+            add("all-gather", "pipe", all_gather(S, M * unit, alpha, bw), 2)  # embedded inputs to every stage
+            add("all-reduce", "pipe", all_reduce(S, M * unit, alpha, bw), 2)  # last stage's outputs back
 
     # --- memory traffic outside the matmul fusions (bytes), what an XLA:CPU profile shows beside
     # the dots. Residual stacking: the layer scan stores each saved residual in an (L, ...) stack
