@@ -17,6 +17,11 @@ Published FLOPs are Megatron's count with full activation recomputation (paper e
 so the published figure in model FLOPs (what the planner's MFU counts, jaxpar's
 `ModelConfig.flops_per_token`: 6N + 12·L·H·Q·T) is TFLOP/s × model/Megatron FLOPs / 312 TFLOP/s.
 
+Also Korthikanti et al. 2022 (arXiv 2205.05198; MFU from the Megatron-LM README at commit
+2e90a342f5, configurations from the paper's Table 3, cross-checked against its Table 5 times):
+22B, 175B, 530B, 1T with sequence parallelism and selective recompute, costed with Megatron's
+pipeline engine (cost.Strategy.engine, a what-if) and as jaxpar would run them.
+
 Each row is evaluated twice: (a) the published configuration (its mesh, M, R, full recompute,
 no op splitting, no FSDP) under the planner's cost model, with jaxpar's device placement (pipe
 innermost: what `jaxpar train` would build) and with the published placement (Megatron puts
