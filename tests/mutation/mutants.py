@@ -268,6 +268,11 @@ MUTANTS: list[Mutant] = [
            "mfu = model_flops / (step * peak)",
            "planner MFU not divided by the device count",
            (T + "test_planner_cost.py",)),
+    Mutant("megatron_engine_scatter_gather_missing", "planner-cost", "jaxpar/planner/cost.py",
+           'add("ppermute", "pipe", ppermute(unit / t, alpha, bw), 2 * iters)',
+           'add("ppermute", "pipe", ppermute(unit, alpha, bw), 2 * iters)',
+           "the Megatron-engine what-if sends the whole stage output per tensor rank (no scatter/gather p2p)",
+           (T + "test_planner_published.py",)),
     # ------------------------------------------------------------- planner search
     Mutant("search_ranks_by_memory", "planner-search", "jaxpar/planner/search.py",
            'ranked = sorted(best.values(), key=lambda e: (e.step_time_s, e.memory["total"]))[:top_k]',
