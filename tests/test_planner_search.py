@@ -44,7 +44,7 @@ def exhaustive(w, n, dev, limit, space):
             tuple(g for g, x in zip(GROUPS, bits) if x) for bits in itertools.product((0, 1), repeat=3) if not all(bits)]
         for rep, r, M, remat, vc, mc in itertools.product(groups, reps, divisors(b_rep), space.remat,
                                                           space.vocab_chunks, space.mlp_chunks):
-            e = estimate(w, Strategy(d, f, t, p, M, r, remat, rep, vc, mc), dev, limit)
+            e = estimate(w, Strategy(d, f, t, p, M, r, remat, rep, vc, mc, space.order, space.engine), dev, limit)
             min_mem = min(min_mem, e.memory["total"])
             if e.fits and (best is None or e.step_time_s < best[0]):
                 best = (e.step_time_s, e.strategy)
@@ -61,6 +61,24 @@ def test_pruned_search_finds_the_exhaustive_optimum(limit_gib):
     assert res.best.step_time_s == pytest.approx(want[0], rel=1e-12)
     assert all(a.step_time_s <= b.step_time_s for a, b in zip(res.ranked, res.ranked[1:]))
     assert all(e.memory["total"] <= limit_gib * 2**30 for e in res.ranked)
+
+
+def test_pruned_search_exact_with_megatron_engine():
+    # the what-if engine (per-layer remat inside pipelines, no batch term in the memory floor):
+    # pruning still returns the exhaustive optimum, and at this limit the optimum is a pipeline
+    # that jaxpar's own engine cannot fit
+    from jaxpar.planner.cost import MEGATRON_ORDER
+
+    w = Workload(POW2, 32, 512)
+    space = SearchSpace(order=MEGATRON_ORDER, engine="megatron")
+    limit = 0.07 * 2**30  # below the 1x1x2x8 pipeline's floor with a batch term (0.074 GiB)
+    want, _ = exhaustive(w, 16, H100, limit, space)
+    res = search(w, 16, H100, limit, space, top_k=4)
+    assert want is not None and res.best is not None
+    assert res.best.step_time_s == pytest.approx(want[0], rel=1e-12)
+    assert res.best.strategy.engine == "megatron" and res.best.strategy.pipe == 8
+    jx = search(w, 16, H100, limit, SearchSpace(order=MEGATRON_ORDER), top_k=4).best
+    assert jx.strategy.pipe == 1 and jx.step_time_s > 1.1 * res.best.step_time_s
 
 
 @pytest.mark.parametrize("limit_gib", [0.02, 1.0])
@@ -125,6 +143,9 @@ def test_memory_floor_never_exceeds_an_estimate():
                                                       REMAT, (1, 4)):
             mem = estimate(w, Strategy(d, f, t, p, M, r, remat, rep, 1, mc), H100).memory["total"]
             assert floor <= mem and _memory_floor(w, (d, f, t, p), H100, rep, r) <= mem
+            if p > 1:  # the what-if engine's floor bounds its estimates too
+                mg = estimate(w, Strategy(d, f, t, p, M, r, remat, rep, 1, mc, engine="megatron"), H100)
+                assert _memory_floor(w, (d, f, t, p), H100, rep, r, "megatron") <= mg.memory["total"]
     # tight where the gathered fp32 stage copies dominate (deep, wide, tiny batch): within 10%
     deep = Workload(ModelConfig(n_layer=8, n_embd=1024, n_head=8, vocab_size=1024, n_positions=64), 8, 16)
     mem = estimate(deep, Strategy(1, 8, 1, 2, 1, 1), H100).memory["total"]

@@ -66,6 +66,8 @@ class SearchSpace:
     # device placement the strategies are costed with (cost.Strategy.order); jaxpar.mesh builds
     # JAXPAR_ORDER only, so anything else is a what-if (benchmarks/published_configs.py)
     order: tuple[str, ...] = JAXPAR_ORDER
+    # pipeline engine (cost.Strategy.engine); "megatron" is a what-if jaxpar cannot run
+    engine: str = "jaxpar"
 
 
 @dataclass(frozen=True)
@@ -182,19 +184,20 @@ def _lower_bound(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec) 
 
 
 def _memory_floor(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec,
-                  replicated: tuple[str, ...] = (), repeats: int = 0) -> float:
+                  replicated: tuple[str, ...] = (), repeats: int = 0, engine: str = "jaxpar") -> float:
     """Bytes every strategy of this mesh (with these replicated groups and circular repeats; by
     default the most frugal: all groups sharded, no fsdp stage copies) needs at least: fp32
     params, grads and Adam state with the layers split evenly over pipe; with a pipeline also the
     embedded inputs and outputs of the replica's whole batch (2·T·b_rep·D·cb, whatever M is) and,
-    with fsdp, the three fp32 copies of the gathered stage (cost.estimate's temporaries)."""
+    with fsdp, the three fp32 copies of the gathered stage (cost.estimate's temporaries). Megatron's
+    engine (a what-if) keeps only microbatches in flight, so its floor has no batch term."""
     d, f, t, p = mesh
     sharded = {g: f > 1 and g not in replicated for g in GROUPS}
     el = group_elems(w.model, t, f, sharded)
     floor = STATE_BYTES * (el["embed"] + w.model.n_layer / p * (el["attn"] + el["mlp"]))
     if p > 1:
         cb = w.cb if dev.native_bf16 else 4
-        floor += 2 * w.seq_len * (w.batch_size / (d * f)) * w.model.n_embd * cb
+        floor += 0.0 if engine == "megatron" else 2 * w.seq_len * (w.batch_size / (d * f)) * w.model.n_embd * cb
         if repeats and f > 1:
             full = group_elems(w.model, t, 1, {g: False for g in GROUPS})
             floor += 12 * w.model.n_layer / p * sum(full[g] for g in ("attn", "mlp") if sharded[g])
@@ -230,7 +233,8 @@ def _options(w: Workload, mesh, space: SearchSpace, fixed: Fixed = Fixed()):
     # jaxpar.ops.chunked_mlp: strided chunks of the 4D hidden dim, each split evenly over tensor
     mcs = [c for c in space.mlp_chunks if c == 1 or (4 * w.model.n_embd) % (c * mesh[2]) == 0]
     # pipeline.py rematerialises whole stages itself: inner remat policies change nothing there
-    remats = range(len(space.remat)) if p == 1 else [0]
+    # (Megatron's engine, a what-if, applies them per layer)
+    remats = range(len(space.remat)) if p == 1 or space.engine == "megatron" else [0]
     for rep, r in itertools.product(groups, reps):
         yield rep, r, ms, list(itertools.product(remats, vcs, mcs))
 
@@ -265,12 +269,12 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
     for mesh in order:
         if _lower_bound(w, mesh, dev) > kth:
             break  # every later mesh has an even larger lower bound
-        if floor_pruning and _memory_floor(w, mesh, dev) > memory_limit:
+        if floor_pruning and _memory_floor(w, mesh, dev, engine=space.engine) > memory_limit:
             floored += 1
             continue  # nothing on this mesh can fit
         d, f, t, p = mesh
         for rep, r, ms, opts in _options(w, mesh, space, fixed):
-            if floor_pruning and p > 1 and _memory_floor(w, mesh, dev, rep, r) > memory_limit:
+            if floor_pruning and p > 1 and _memory_floor(w, mesh, dev, rep, r, space.engine) > memory_limit:
                 floored += 1
                 continue
             fitted_at: dict[int, list] = {}  # M -> options that fit at that M
@@ -282,7 +286,7 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
                                      (p == 1 and any(_dominated(opt, v) for v in fitted_at.values()))):
                         continue
                     ri, vc, mc = opt
-                    s = Strategy(d, f, t, p, M, r, space.remat[ri], rep, vc, mc, space.order)
+                    s = Strategy(d, f, t, p, M, r, space.remat[ri], rep, vc, mc, space.order, space.engine)
                     e = estimate(w, s, dev, memory_limit, detail=False)
                     evaluated += 1
                     if lightest is None or e.memory["total"] < lightest.memory["total"]:
