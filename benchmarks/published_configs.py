@@ -132,6 +132,17 @@ def brief(e) -> dict | None:
             "memory_breakdown_gib": {k: v / 2**30 for k, v in e.memory.items() if k != "total"}}
 
 
+def pick_megatron_engine(r, dev):
+    """What-if: the planner's pick if jaxpar had Megatron-LM's pipeline engine and placement
+    (SearchSpace(engine=, order=)), microbatches up to the batch (the default space stops at 64;
+    the published 1T runs use 512)."""
+    from jaxpar.planner.cost import MEGATRON_ORDER
+    from jaxpar.planner.search import SearchSpace, search
+
+    space = SearchSpace(order=MEGATRON_ORDER, engine="megatron", max_microbatches=r.batch)
+    return search(workload(r), r.gpus, dev, dev.memory, space).best
+
+
 def run_row(r: Row, dev) -> dict:
     from jaxpar.planner.cost import JAXPAR_ORDER, MEGATRON_ORDER
     from jaxpar.planner.search import search
@@ -156,6 +167,7 @@ def run_row(r: Row, dev) -> dict:
     from jaxpar.planner.search import SearchSpace
 
     pick_mg = search(workload(r), r.gpus, dev, dev.memory, SearchSpace(order=MEGATRON_ORDER)).best
+    pick_eng = pick_megatron_engine(r, dev)
     no_fit = None if pick else (f"no plan fits {dev.memory / 2**30:.0f} GiB: smallest need "
                                 f"{res.min_memory / 2**30:.1f} GiB ({brief(res.lightest)['memory_breakdown_gib']})")
     return {
@@ -176,6 +188,8 @@ def run_row(r: Row, dev) -> dict:
         "pick_no_slower_than_published_megatron_placement": bool(pick) and pick.step_time_s <= mg.step_time_s,
         "pick_published_placement": brief(pick_mg),
         "pick_published_placement_no_slower": bool(pick_mg) and pick_mg.step_time_s <= mg.step_time_s,
+        "pick_megatron_engine": brief(pick_eng),
+        "pick_megatron_engine_no_slower": bool(pick_eng) and pick_eng.step_time_s <= eng.step_time_s,
     }
 
 
@@ -269,6 +283,7 @@ def run_row_2022(r: Row2022, dev) -> dict:
     jx_mg = evaluate_2022(r, dev, MEGATRON_ORDER, "jaxpar")
     res = search(workload(r), r.gpus, dev, dev.memory)
     pick = res.best
+    pick_eng = pick_megatron_engine(r, dev)
     return {"row": r.name, "heads": r.heads, "hidden": r.hidden, "layers": r.layers, "tensor": r.tensor,
             "pipe": r.pipe, "gpus": r.gpus, "batch": r.batch, "micro_batch": r.micro,
             "microbatches": r.microbatches, "published_mfu_paper_flops": r.mfu, "published_iter_s": r.iter_s,
@@ -279,7 +294,9 @@ def run_row_2022(r: Row2022, dev) -> dict:
             "pick": brief(pick),
             "pick_error": None if pick else f"no plan fits: smallest need {res.min_memory / 2**30:.1f} GiB",
             "pick_no_slower_than_published_jaxpar": bool(pick) and pick.step_time_s <= jx.step_time_s,
-            "pick_no_slower_than_published_megatron_engine": bool(pick) and pick.step_time_s <= eng.step_time_s}
+            "pick_no_slower_than_published_megatron_engine": bool(pick) and pick.step_time_s <= eng.step_time_s,
+            "pick_megatron_engine": brief(pick_eng),
+            "pick_megatron_engine_no_slower": bool(pick_eng) and pick_eng.step_time_s <= eng.step_time_s}
 
 
 def markdown_2022(rows: list[dict]) -> str:
@@ -290,8 +307,9 @@ def markdown_2022(rows: list[dict]) -> str:
            "parallelism not modelled). (a) jaxpar = what jaxpar would run (its placement, its pipeline: every stage "
            "re-run; no sequence parallelism). (b) = the planner's pick (jaxpar, must fit 80 GiB).", "",
            "| row | d×f×t×p, M | published MFU (model FLOPs) | (a) Megatron | err | memory | (a) jaxpar | err | memory "
-           "| (b) pick | (b) MFU | (b) ≤ (a) jaxpar | (b) ≤ (a) Megatron |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| (b) pick | (b) MFU | (b) ≤ (a) jaxpar | (b) ≤ (a) Megatron | (b'') pick with Megatron's engine + "
+           "placement | (b'') ≤ (a) Megatron |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         e, j, pk = x["published_megatron_engine"], x["published_jaxpar"], x["pick"]
         out.append(
@@ -303,8 +321,16 @@ def markdown_2022(rows: list[dict]) -> str:
                + (f" R={pk['repeats']}" if pk["mesh"]["pipe"] > 1 else "") + f" | {100 * pk['mfu']:.1f}% "
                if pk else "| nothing fits 80 GiB | — ")
             + f"| {'yes' if x['pick_no_slower_than_published_jaxpar'] else 'no'} "
-            + f"| {'yes' if x['pick_no_slower_than_published_megatron_engine'] else 'no'} |")
+            + f"| {'yes' if x['pick_no_slower_than_published_megatron_engine'] else 'no'} "
+            + f"| {_pick(x['pick_megatron_engine'])} | {'yes' if x['pick_megatron_engine_no_slower'] else 'no'} |")
     return "\n".join(out) + "\n"
+
+
+def _pick(pk: dict | None) -> str:
+    if not pk:
+        return "nothing fits 80 GiB"
+    return (f"{_mesh(pk['mesh'])} {pk['remat']} M={pk['microbatches']}"
+            + (f" R={pk['repeats']}" if pk["mesh"]["pipe"] > 1 else "") + f", {100 * pk['mfu']:.1f}%")
 
 
 def _mesh(m: dict) -> str:
@@ -326,9 +352,9 @@ def markdown(rows: list[dict], dev) -> str:
            "(b) = the planner's pick (jaxpar's placement, must fit 80 GiB).",
            "",
            "| row | published d×f×t×p | published MFU | (a) before | (a) placement | (a) after | err before "
-           "| err placement | err after | (a) + engine | err + engine | (a) after, jaxpar placement | (b) pick | (b) MFU | (b) ≤ (a) after, "
+           "| err placement | err after | (a) + engine | err + engine | (b'') pick with Megatron's engine + placement | (b'') ≤ (a) + engine | (a) after, jaxpar placement | (b) pick | (b) MFU | (b) ≤ (a) after, "
            "jaxpar placement | (b') pick in the published placement | (b') ≤ (a) after |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         mg, pk = x["published_megatron_placement"], x["pick"]
         out.append(
@@ -338,6 +364,7 @@ def markdown(rows: list[dict], dev) -> str:
             f"| {100 * x['err_before']:+.0f}% | {100 * x['err_placement_only']:+.0f}% "
             f"| {100 * x['err_megatron_placement']:+.0f}% | {100 * x['published_megatron_engine']['mfu']:.1f}% "
             f"({x['published_megatron_engine']['memory_gib']:.0f} GiB) | {100 * x['err_megatron_engine']:+.0f}% "
+            f"| {_pick(x['pick_megatron_engine'])} | {'yes' if x['pick_megatron_engine_no_slower'] else 'no'} "
             f"| {100 * x['published_jaxpar_placement']['mfu']:.1f}% "
             + (f"| {_mesh(pk['mesh'])} {pk['remat']} M={pk['microbatches']}"
                + (f" R={pk['repeats']}" if pk["mesh"]["pipe"] > 1 else "") + f" | {100 * pk['mfu']:.1f}% "
@@ -401,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         "within_15pct_2022_megatron_engine": sum(abs(x["err_megatron_engine"]) <= 0.15 for x in rows_2022),
         "within_15pct_2022_jaxpar": sum(abs(x["err_jaxpar"]) <= 0.15 for x in rows_2022),
         "pick_no_slower_2022_jaxpar": sum(x["pick_no_slower_than_published_jaxpar"] for x in rows_2022),
+        "pick_megatron_engine_no_slower": sum(x["pick_megatron_engine_no_slower"] for x in rows),
+        "pick_megatron_engine_no_slower_2022": sum(x["pick_megatron_engine_no_slower"] for x in rows_2022),
         "pipeline_choice": choice,
         "within_15pct_published_placement": sum(abs(x["err_megatron_placement"]) <= 0.15 for x in rows),
         "within_15pct_before": sum(abs(x["err_before"]) <= 0.15 for x in rows),

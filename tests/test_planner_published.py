@@ -145,3 +145,16 @@ def test_korthikanti_rows_predicted():
         assert jx.mfu == pytest.approx(want_jx[r.name], abs=0.001), r.name
         assert abs(mg.mfu / pub - 1) <= 0.15
         assert jx.strategy.remat == ("selective" if r.pipe == 1 else "full")
+
+
+def test_529b_fits_only_with_megatron_engine():
+    # 2520 GPUs: nothing fits 80 GiB with jaxpar's pipeline (smallest need 126 GiB); with Megatron's
+    # engine and placement (what-if) the planner finds a pipeline that fits and is predicted no
+    # slower than the published configuration costed the same way
+    from jaxpar.planner.cost import MEGATRON_ORDER
+
+    r, dev = next(x for x in P.ROWS if x.name == "529.6B"), _a100()
+    pick = P.pick_megatron_engine(r, dev)
+    pub = P.evaluate_published(r, dev, MEGATRON_ORDER, "megatron")
+    assert pick.fits and pick.memory["total"] <= 80 * 2**30 and pick.strategy.pipe > 1
+    assert pick.step_time_s <= pub.step_time_s and pick.mfu == pytest.approx(0.427, abs=0.001)
