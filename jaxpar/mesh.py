@@ -11,9 +11,13 @@ mesh, emulate CPU devices, and join a multi-process job.
 
 Design decisions (why, not what):
 
-* Canonical axis order `(data, fsdp, tensor, pipe)`: outermost = slowest links. With devices
-  ordered by process (as `jax.devices()` is), `data` spans hosts and `tensor` stays inside one,
-  which is what Megatron-style placement wants (TP traffic is per layer, DP once per step).
+* Canonical axis order `(data, fsdp, tensor, pipe)` names the mesh dims; the devices are placed
+  in `PLACEMENT` order `(pipe, data, fsdp, tensor)`, outermost = slowest links. With devices
+  ordered by process (as `jax.devices()` is), a tensor group is consecutive devices (one host:
+  its all-reduces run per layer), then fsdp, then data, and pipeline stages are strided by
+  n/pipe, Megatron-LM's rank layout (`megatron/core/parallel_state.py`: pipeline traffic is one
+  activation per microbatch). Placing by the name order instead would put `pipe` innermost, so
+  tensor=8 x pipe=8 would spread every tensor group over 8 hosts.
 * The product must equal the device count. `jax.make_mesh` silently takes the first N
   devices when the product is smaller; we refuse, so `mesh.data=2` on an 8-GPU host is an
   error rather than 6 idle GPUs. Library callers who *want* a subset pass `devices=`
@@ -40,7 +44,8 @@ import sys
 
 from jaxpar.config import ConfigError, MeshConfig
 
-AXES = ("data", "fsdp", "tensor", "pipe")  # canonical order: outermost (slowest links) first
+AXES = ("data", "fsdp", "tensor", "pipe")  # canonical order of the mesh dims (names, specs, configs)
+PLACEMENT = ("pipe", "data", "fsdp", "tensor")  # device placement, outermost (slowest links) first
 
 
 # ----------------------------------------------------------------------------- sizes
@@ -126,12 +131,15 @@ def build_mesh(mc: MeshConfig, devices=None):
     the sizes (after filling one -1) must equal `len(devices)`, else ConfigError.
     """
     import jax
+    import numpy as np
     from jax.sharding import AxisType
 
     devices = jax.devices() if devices is None else list(devices)
     mc = resolve_mesh_config(mc, len(devices))
-    shape = tuple(getattr(mc, a) for a in AXES)
-    return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
+    # fill the devices in PLACEMENT order (tensor fastest), then name the dims in AXES order
+    placed = np.asarray(devices, dtype=object).reshape([getattr(mc, a) for a in PLACEMENT])
+    grid = placed.transpose([PLACEMENT.index(a) for a in AXES])
+    return jax.sharding.Mesh(grid, AXES, axis_types=(AxisType.Auto,) * len(AXES))
 
 
 def describe(mesh) -> str:

@@ -148,3 +148,12 @@ def test_mesh_command_prints_resolved_mesh():
     out = r.stdout.splitlines()
     assert out[0] == "mesh: data=2×fsdp=1×tensor=2×pipe=1 = 4 devices, axis types Auto"
     assert out[-2:] == ["  [data=0,fsdp=0]  0@p0 1@p0", "  [data=1,fsdp=0]  2@p0 3@p0"]
+
+
+def test_placement_tensor_groups_are_consecutive_devices_and_stages_strided():
+    """Megatron-LM's rank layout (mesh.PLACEMENT): tensor groups are neighbours, pipeline stages
+    8/pipe = 4 devices apart. Grid columns are (tensor, pipe) with pipe fastest: t0p0 t0p1 t1p0 t1p1."""
+    r = _cli("mesh", "mesh.data=2", "mesh.tensor=2", "mesh.pipe=2",
+             env_extra={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-2:] == ["  [data=0,fsdp=0]  0@p0 4@p0 1@p0 5@p0", "  [data=1,fsdp=0]  2@p0 6@p0 3@p0 7@p0"]
