@@ -23,9 +23,10 @@ Also Korthikanti et al. 2022 (arXiv 2205.05198; MFU from the Megatron-LM README 
 pipeline engine (cost.Strategy.engine, a what-if) and as jaxpar would run them.
 
 Each row is evaluated twice: (a) the published configuration (its mesh, M, R, full recompute,
-no op splitting, no FSDP) under the planner's cost model, with jaxpar's device placement (pipe
-innermost: what `jaxpar train` would build) and with the published placement (Megatron puts
-tensor groups on consecutive ranks, i.e. inside a node); (b) the planner's own pick on the same
+no op splitting, no FSDP) under the planner's cost model, in the published placement (Megatron
+puts tensor groups on consecutive ranks, i.e. inside a node), which is also what `jaxpar train`
+builds since 2026-11-23 (`jaxpar.mesh.PLACEMENT`; the "before" column keeps jaxpar's old
+pipe-innermost placement); (b) the planner's own pick on the same
 devices, batch and memory, and whether the model predicts it no slower than (a). Also timed:
 planning 3072 devices (the 1T row), target < 10 s.
 
@@ -144,14 +145,14 @@ def pick_megatron_engine(r, dev):
 
 
 def run_row(r: Row, dev) -> dict:
-    from jaxpar.planner.cost import JAXPAR_ORDER, MEGATRON_ORDER
+    from jaxpar.planner.cost import JAXPAR_ORDER, MEGATRON_ORDER, PIPE_INNERMOST_ORDER
     from jaxpar.planner.search import search
 
     pub = published_mfu(r)
     # the model before issue 15: efficiency 0.55, no GPU elementwise term, jaxpar's placement
     # only; then the placement on its own
     old = dataclasses.replace(dev, efficiency=0.55, hbm_bandwidth=0.0)
-    variants = {"before": evaluate_published(r, old, JAXPAR_ORDER),
+    variants = {"before": evaluate_published(r, old, PIPE_INNERMOST_ORDER),
                 "placement_only": evaluate_published(r, old, MEGATRON_ORDER)}
     jx = evaluate_published(r, dev, JAXPAR_ORDER)
     mg = evaluate_published(r, dev, MEGATRON_ORDER)
@@ -195,13 +196,14 @@ def run_row(r: Row, dev) -> dict:
 
 def pipeline_choice(r: Row, dev) -> dict:
     """Why the planner picks FSDP or a pipeline for this row: the best plan without and with a
-    pipeline, in jaxpar's placement and in the published one (tensor innermost), with DP/FSDP
-    collectives half hidden (the device's overlap) and fully exposed (overlap 0)."""
-    from jaxpar.planner.cost import JAXPAR_ORDER, MEGATRON_ORDER
+    pipeline, in jaxpar's placement (the published one since 2026-11-23: tensor innermost) and in
+    its old pipe-innermost one, with DP/FSDP collectives half hidden (the device's overlap) and
+    fully exposed (overlap 0)."""
+    from jaxpar.planner.cost import JAXPAR_ORDER, PIPE_INNERMOST_ORDER
     from jaxpar.planner.search import SearchSpace, search
 
     out = {}
-    for place, order in (("jaxpar", JAXPAR_ORDER), ("published", MEGATRON_ORDER)):
+    for place, order in (("pipe-innermost (old jaxpar)", PIPE_INNERMOST_ORDER), ("jaxpar = published", JAXPAR_ORDER)):
         for ov in (dev.overlap, 0.0):
             d = dataclasses.replace(dev, overlap=ov)
             res = search(workload(r), r.gpus, d, d.memory, SearchSpace(order=order), top_k=10**6)

@@ -107,9 +107,13 @@ def test_remat_and_splitting_trade_time_for_memory():
 
 
 def test_axis_bandwidth_node_placement():
-    # pipe innermost: tensor=8 alone stays in a node; tensor=8 with pipe=2 spans two nodes
+    # tensor innermost: tensor=8 stays in a node, with or without a pipeline around it; the pipe
+    # (and data) axis outside it crosses nodes
     assert axis_bandwidths(H100, Strategy(data=2, tensor=8))["tensor"] == H100.bandwidth
-    assert axis_bandwidths(H100, Strategy(tensor=8, pipe=2))["tensor"] == H100.inter_bandwidth
+    bw = axis_bandwidths(H100, Strategy(tensor=8, pipe=2))
+    assert (bw["tensor"], bw["pipe"]) == (H100.bandwidth, H100.inter_bandwidth)
+    bw = axis_bandwidths(H100, Strategy(tensor=2, pipe=4))  # 8 devices: all in one node
+    assert (bw["tensor"], bw["pipe"]) == (H100.bandwidth, H100.bandwidth)
     assert axis_bandwidths(H100, Strategy(data=16))["data"] == H100.inter_bandwidth
 
 
@@ -224,20 +228,21 @@ def test_gpu_elementwise_traffic_passes():
 
 
 def test_placement_order_decides_intra_or_inter_node():
-    """jaxpar builds (data, fsdp, tensor, pipe) with pipe innermost: a tensor axis of 8 inside a
-    pipe axis of 8 spans 64 devices and runs at the inter-node bandwidth; Megatron's layout
-    (tensor innermost) keeps it in one node and puts pipe across nodes."""
-    from jaxpar.planner.cost import JAXPAR_ORDER, MEGATRON_ORDER
+    """jaxpar builds Megatron's layout (jaxpar.mesh.PLACEMENT, tensor innermost): tensor=8 inside
+    pipe=8 stays in one node and pipe crosses nodes. The old pipe-innermost order spread the same
+    tensor axis over 64 devices (8 nodes) at the inter-node bandwidth."""
+    from jaxpar.mesh import PLACEMENT
+    from jaxpar.planner.cost import JAXPAR_ORDER, MEGATRON_ORDER, PIPE_INNERMOST_ORDER
 
-    assert Strategy().order == JAXPAR_ORDER
+    assert Strategy().order == JAXPAR_ORDER == tuple(PLACEMENT) == MEGATRON_ORDER
     jx = axis_bandwidths(H100, Strategy(data=4, tensor=8, pipe=8))
-    assert (jx["tensor"], jx["pipe"]) == (H100.inter_bandwidth, H100.bandwidth)
-    mg = axis_bandwidths(H100, Strategy(data=4, tensor=8, pipe=8, order=MEGATRON_ORDER))
-    assert (mg["tensor"], mg["pipe"], mg["data"]) == (H100.bandwidth, H100.inter_bandwidth, H100.inter_bandwidth)
-    # the tensor all-reduces of that mesh take bandwidth-ratio times longer in jaxpar's placement
+    assert (jx["tensor"], jx["pipe"], jx["data"]) == (H100.bandwidth, H100.inter_bandwidth, H100.inter_bandwidth)
+    old = axis_bandwidths(H100, Strategy(data=4, tensor=8, pipe=8, order=PIPE_INNERMOST_ORDER))
+    assert (old["tensor"], old["pipe"]) == (H100.inter_bandwidth, H100.bandwidth)
+    # the tensor all-reduces of that mesh took bandwidth-ratio times longer in the old placement
     w = Workload(ModelConfig(n_layer=16, n_embd=4096, n_head=32, vocab_size=32768, n_positions=1024), 64, 1024)
-    a = estimate(w, Strategy(data=4, tensor=8, pipe=8, microbatches=16), H100)
-    b = estimate(w, Strategy(data=4, tensor=8, pipe=8, microbatches=16, order=MEGATRON_ORDER), H100)
+    a = estimate(w, Strategy(data=4, tensor=8, pipe=8, microbatches=16, order=PIPE_INNERMOST_ORDER), H100)
+    b = estimate(w, Strategy(data=4, tensor=8, pipe=8, microbatches=16), H100)
     ratio = H100.bandwidth / H100.inter_bandwidth
     lat = a.collectives["tensor all-reduce"][0] - a.collectives["tensor all-reduce"][1] / H100.inter_bandwidth
     assert (a.comm_s["tensor"] - lat) == pytest.approx(ratio * (b.comm_s["tensor"] - lat), rel=1e-9)

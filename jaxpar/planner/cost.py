@@ -41,7 +41,7 @@ Communication, alpha-beta per collective over n devices with payload X bytes:
   all-gather / red-scatter  (n-1)·α +  (n-1)/n · X / bw
   ppermute                      α +           X / bw
 bw is intra-node when the axis spans <= node_size devices (devices fill the mesh in the
-strategy's `order`: jaxpar's data, fsdp, tensor, pipe, pipe innermost), else inter-node.
+strategy's `order`: jaxpar's is pipe, data, fsdp, tensor, tensor innermost), else inter-node.
 Tensor and pipeline transfers sit on the critical path; DP/FSDP collectives are hidden behind compute by the device's `overlap` fraction.
 Pipeline bubble: (S-1)/(R·M+S-1).
 """
@@ -58,8 +58,12 @@ from jaxpar.planner.devices import DeviceSpec
 GROUPS = ("embed", "attn", "mlp")
 REMAT = ("none", "selective", "full")
 STATE_BYTES = 16  # fp32 master 4 + grad 4 + Adam m 4 + v 4
-JAXPAR_ORDER = ("data", "fsdp", "tensor", "pipe")  # mesh axes, outermost first (jaxpar.mesh.AXES)
-MEGATRON_ORDER = ("pipe", "data", "fsdp", "tensor")  # Megatron-LM's rank layout: tensor innermost
+# Device placements, mesh axes outermost first. jaxpar.mesh builds Megatron-LM's rank layout
+# (mesh.PLACEMENT: tensor innermost, pipeline stages strided by n/p); until 2026-11-23 it built
+# PIPE_INNERMOST_ORDER, which the "before" columns of benchmarks/published_configs.py still cost.
+MEGATRON_ORDER = ("pipe", "data", "fsdp", "tensor")
+JAXPAR_ORDER = MEGATRON_ORDER  # == jaxpar.mesh.PLACEMENT (tests/test_planner_cost.py)
+PIPE_INNERMOST_ORDER = ("data", "fsdp", "tensor", "pipe")
 STACK_PASSES = 4  # zero-fill, copy, slice write, slice read of each stacked residual (see estimate)
 
 
@@ -93,8 +97,7 @@ class Strategy:
     vocab_chunks: int = 1  # chunked logits + cross-entropy (token chunks, recomputed in backward)
     mlp_chunks: int = 1  # chunked MLP (sequence chunks, fc/gelu recomputed in backward)
     # Device placement: mesh axes from outermost (slowest-varying device index) to innermost.
-    # JAXPAR_ORDER is what jaxpar.mesh builds (jax.make_mesh reshapes the process-ordered device
-    # list, pipe fastest); MEGATRON_ORDER is Megatron-LM's rank layout (tensor groups are
+    # JAXPAR_ORDER is what jaxpar.mesh builds: Megatron-LM's rank layout (tensor groups are
     # consecutive ranks, pipeline groups strided by n/p: megatron/core/parallel_state.py).
     order: tuple[str, ...] = JAXPAR_ORDER
     # Pipeline engine. "jaxpar" is what parallel/pipeline.py runs (GPipe-order scan, every stage
@@ -185,9 +188,9 @@ def ppermute(x: float, alpha: float, bw: float) -> tuple[float, float]:
 
 def axis_bandwidths(dev: DeviceSpec, s: Strategy) -> dict[str, float]:
     """Intra-node bandwidth for an axis whose devices sit in one node, else inter-node.
-    Devices fill the mesh in `s.order` (outermost first; jaxpar: data, fsdp, tensor, pipe with
-    pipe innermost), so the span of an axis is its size times the sizes of the axes inside it:
-    with jaxpar's order a tensor axis of 8 inside a pipe axis of 8 spans 64 devices (8 nodes)."""
+    Devices fill the mesh in `s.order` (outermost first; jaxpar: pipe, data, fsdp, tensor), so
+    the span of an axis is its size times the sizes of the axes inside it: in the old
+    pipe-innermost order a tensor axis of 8 inside a pipe axis of 8 spanned 64 devices (8 nodes)."""
     spans, inner = {}, 1
     for a in reversed(s.order):
         inner *= s.mesh[a]
