@@ -115,7 +115,7 @@ def make_torch(cfg, sd, inputs, targets, precision: str, compiled: bool):
     import torch
     import torch.nn.functional as F
 
-    from jaxpar.models.hf import hf_config_dict
+    from gpt2common.hf import hf_config_dict
     from torchref.model import build_model, decays
 
     model = build_model(hf_config_dict(cfg.model), sd)
@@ -192,9 +192,9 @@ def main(argv=None) -> dict:
 
 def run_config(args, dims, precisions, impls, native_bf16) -> dict:
     """Build every contender for one configuration, then time them interleaved."""
+    from gpt2common.hf import to_hf_state_dict
     from jaxpar.config import Config, ModelConfig, TrainConfig
     from jaxpar.models.gpt2 import init_params
-    from jaxpar.models.hf import to_hf_state_dict
 
     n_layer, n_embd, n_head, vocab, seq, batch = dims
     mc = ModelConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab, n_positions=max(seq, 1024))

@@ -8,8 +8,8 @@ import tempfile
 
 import jax
 
+from gpt2common import data
 from jaxpar import config as C
-from jaxpar import data
 from jaxpar.mesh import build_mesh
 from jaxpar.models import gpt2
 from jaxpar.sample import generate

@@ -12,8 +12,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
+from gpt2common import data  # noqa: E402
 from jaxpar import config as C  # noqa: E402
-from jaxpar import data  # noqa: E402
 from jaxpar.mesh import build_mesh  # noqa: E402
 from jaxpar.models import gpt2  # noqa: E402
 from jaxpar.parallel import pipeline as pp  # noqa: E402

@@ -7,7 +7,7 @@
 Takes the keys of `jaxpar train` (model, mesh, pipeline, train, precision, seed, data, init). Steps:
   1. one starting point: numpy init (fixed seed) written once as an HF dir with jaxpar's exporter,
      read back by jaxpar's importer and by torchref's loader (or your own `init=` dir);
-  2. one batch order: `jaxpar.data.train_batch(ds, T, B, seed, step)` for both;
+  2. one batch order: `gpt2common.data.train_batch(ds, T, B, seed, step)` for both;
   3. N steps of jaxpar (your mesh, jit + shardings, optax) and of the reference (HF GPT2LMHeadModel,
      torchref's optimizer mirror: torch AdamW + clip without epsilon + the same schedule), one process;
   4. per-step table of losses and logged grad norms, judged by parity_tests/tolerances.py.
@@ -43,7 +43,7 @@ emulate_devices_for(cfg.mesh)  # must precede JAX's first device query (CPU only
 import jax
 import torch
 
-from jaxpar import data
+from gpt2common import data
 from jaxpar.mesh import build_mesh
 from jaxpar.models import gpt2, hf
 from jaxpar.train import build_trainer, check_model_vs_mesh

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxpar.config import ConfigError
+from gpt2common.grammar import ConfigError
 
 BUILTIN_CORPUS = "tinyshakespeare"  # shipped gzipped inside the package; works offline
 VAL_FRACTION = 0.1
@@ -26,7 +26,7 @@ BPE_VOCAB_SIZE = 4096
 
 
 def builtin_text() -> str:
-    data = resources.files("jaxpar.corpus").joinpath("tinyshakespeare.txt.gz").read_bytes()
+    data = resources.files("gpt2common.corpus").joinpath("tinyshakespeare.txt.gz").read_bytes()
     return gzip.decompress(data).decode("utf-8")
 
 

@@ -1,4 +1,5 @@
-"""transformers `save_pretrained` dir <-> jaxpar params, in HF's safetensors layout.
+"""The HF weight format: transformers `save_pretrained` dir <-> jaxpar params, in HF's safetensors
+layout. Shared by jaxpar (init=, export) and torchref (its initial weights, its outputs).
 
 HF GPT-2 uses Conv1D, whose weights are laid out (in, out) like ours, so conversion is
 only (un)stacking layers and reshaping the attention weights:
@@ -12,11 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import numpy as np
 
-from jaxpar.config import ConfigError, ModelConfig
-from jaxpar.models.gpt2 import Params
+from gpt2common.grammar import ConfigError
+from gpt2common.model import ModelConfig
+
+Params = dict[str, Any]  # jaxpar's nested parameter dict (layout: jaxpar/models/gpt2.py's docstring)
 
 WEIGHTS = "model.safetensors"
 

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+from gpt2common.grammar import parse_kv
 from jaxpar import config as C
 from jaxpar.config import ConfigError
 
@@ -35,7 +36,7 @@ def train(argv: list[str], dry_run: bool = False) -> int:
     from jaxpar.rundir import resolve_train
 
     path, rest = split_config_flag(argv)
-    cfg = resolve_train(C.parse_kv(rest), path)  # resume=true: the run's own config.json + these keys
+    cfg = resolve_train(parse_kv(rest), path)  # resume=true: the run's own config.json + these keys
     if cfg.plan:
         from jaxpar.planner.apply import apply_plan  # noqa: PLC0415
 
@@ -55,9 +56,9 @@ def inspect(argv: list[str]) -> int:
 
 
 def prepare(argv: list[str]) -> int:
-    from jaxpar import data
+    from gpt2common import data
 
-    kv = C.parse_kv(argv)
+    kv = parse_kv(argv)
     unknown = set(kv) - {"input", "out", "tokenizer"}
     if unknown:
         raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))} (valid: input, out, tokenizer)")
@@ -84,7 +85,7 @@ def run_config(checkpoint: str) -> C.Config:
 def load_model(checkpoint: str = "", hf_dir: str = ""):
     """(Config of the run or a default one, params) from a run dir or HF dir, on one device
     (the first), whatever mesh wrote the checkpoint. For mesh placement see `jaxpar.infer`."""
-    from jaxpar.models import hf
+    from gpt2common import hf
 
     if hf_dir:
         mc, params = hf.load_hf(hf_dir)
@@ -106,7 +107,7 @@ def _inference_base(checkpoint: str, hf_dir: str) -> tuple[C.Config, dict | None
     fp32 as defaults; `mesh.*`, `pipeline.*`, `precision` given by the user apply on top.
     Host params too when loading an HF dir (a checkpoint is read after the devices exist)."""
     if hf_dir:
-        from jaxpar.models import hf
+        from gpt2common import hf
 
         mc, params = hf.load_hf(hf_dir)
         return C.Config(model=mc, model_name=f"hf:{hf_dir}", precision="fp32"), params
@@ -120,11 +121,11 @@ def evaluate(argv: list[str]) -> int:
 
     import numpy as np
 
-    from jaxpar import data as data_lib
+    from gpt2common import data as data_lib
     from jaxpar.cli import split_config_flag
 
     path, rest = split_config_flag(argv)
-    kv = C.parse_kv(rest)
+    kv = parse_kv(rest)
     ckpt, hf_dir, data_arg = kv.pop("checkpoint", ""), kv.pop("hf", ""), kv.pop("data", "")
     if bool(ckpt) == bool(hf_dir):
         raise ConfigError("eval needs exactly one of checkpoint=<run dir> or hf=<dir>")
@@ -172,7 +173,7 @@ SAMPLE_KEYS = ("checkpoint", "prompt", "max_new_tokens", "temperature", "top_k",
 
 def sample(argv: list[str]) -> int:
     """Generate from a run dir on one device, or on the mesh given by `mesh.*` / `pipeline.*`."""
-    kv = C.parse_kv(argv)
+    kv = parse_kv(argv)
     opts = {k: v for k, v in kv.items() if k in SAMPLE_KEYS}
     over = {k: v for k, v in kv.items() if k not in SAMPLE_KEYS}
     unknown = [k for k in over if not (k.startswith(("mesh.", "pipeline.")) or k == "precision")]
@@ -189,9 +190,9 @@ def sample(argv: list[str]) -> int:
 
 
 def convert(argv: list[str]) -> int:
-    from jaxpar.models import hf
+    from gpt2common import hf
 
-    kv = C.parse_kv(argv)
+    kv = parse_kv(argv)
     from jaxpar.rundir import check_writable
 
     if set(kv) == {"hf", "out"}:
@@ -224,7 +225,7 @@ def convert(argv: list[str]) -> int:
 def plot(argv: list[str]) -> int:
     from jaxpar.plot import plot_run
 
-    kv = C.parse_kv(argv)
+    kv = parse_kv(argv)
     if set(kv) - {"run", "out"} or "run" not in kv:
         raise ConfigError("plot takes run=<run dir> [out=<png>]")
     path = plot_run(kv["run"], kv.get("out"))

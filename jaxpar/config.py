@@ -1,7 +1,7 @@
 """Typed, frozen configuration: presets and `key=value` overrides.
 
-Every CLI command (and torchref) resolves its settings through `resolve()`:
-defaults -> `--config FILE.yaml` -> `key=value` overrides, dotted keys, unknown
+Every jaxpar command resolves its settings through `resolve()` (the grammar, the GPT-2 shape and
+`ConfigError` are shared with torchref: `gpt2common`): defaults -> `--config FILE.yaml` -> `key=value` overrides, dotted keys, unknown
 keys rejected with a one-line `ConfigError` (the CLI turns it into exit 2).
 """
 
@@ -9,56 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import types
-import typing
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """Invalid configuration or input. The CLI prints `error: <msg>` and exits 2."""
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """GPT-2 shape. Field names follow HF GPT2Config."""
-
-    n_layer: int = 12
-    n_embd: int = 768
-    n_head: int = 12
-    vocab_size: int = 50257
-    n_positions: int = 1024
-    dropout: float = 0.0  # resid/embd/attn dropout; 0 by default so runs are deterministic
-    layer_norm_epsilon: float = 1e-5
-    # attention core: auto (cuDNN flash attention on GPU, jaxpar's einsum core elsewhere) |
-    # xla | cudnn (jax.nn.dot_product_attention with that implementation)
-    attention: str = "auto"
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    def num_params(self) -> int:
-        """Parameter count with tied embeddings (HF GPT2LMHeadModel's count)."""
-        d, L, v, p = self.n_embd, self.n_layer, self.vocab_size, self.n_positions
-        per_layer = 2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d)
-        return v * d + p * d + L * per_layer + 2 * d
-
-    def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token (PaLM appendix B): 6N + 12·L·H·Q·T, N without the wpe table."""
-        n = self.num_params() - self.n_positions * self.n_embd
-        return 6.0 * n + 12.0 * self.n_layer * self.n_head * self.head_dim * seq_len
-
-
-# HF's GPT-2 family; gpt2-tiny is ours, for tests (~0.5M params, byte vocab).
-PRESETS: dict[str, ModelConfig] = {
-    "gpt2-tiny": ModelConfig(n_layer=2, n_embd=128, n_head=4, vocab_size=256, n_positions=256),
-    "gpt2": ModelConfig(n_layer=12, n_embd=768, n_head=12),
-    "gpt2-medium": ModelConfig(n_layer=24, n_embd=1024, n_head=16),
-    "gpt2-large": ModelConfig(n_layer=36, n_embd=1280, n_head=20),
-    "gpt2-xl": ModelConfig(n_layer=48, n_embd=1600, n_head=25),
-}
+from gpt2common.grammar import ConfigError, field_types, load_yaml, parse_kv, parse_value
+from gpt2common.model import PRESETS, ModelConfig, check_shape, preset
 
 
 @dataclass(frozen=True)
@@ -149,49 +104,6 @@ REMAT_ALIASES = {"true": "full", "false": "none"}  # train.remat used to be a bo
 PARAM_GROUPS = ("embed", "attn", "mlp")  # OSDP groups (jaxpar.sharding.PARAM_GROUPS)
 
 
-def parse_value(tp: Any, raw: Any, key: str) -> Any:
-    """Coerce `raw` (a CLI string or a YAML value) to the dataclass field type `tp`."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null", "")):
-            return None
-        return parse_value(args[0], raw, key)
-    if origin is tuple:
-        (elem, _) = typing.get_args(tp)
-        if isinstance(raw, str):
-            raw = raw.strip().strip("[]()")
-            items = [s for s in raw.replace(" ", "").split(",") if s]
-        else:
-            items = list(raw)
-        return tuple(parse_value(elem, x, key) for x in items)
-    if tp is bool:
-        if isinstance(raw, bool):
-            return raw
-        s = str(raw).lower()
-        if s in ("true", "1", "yes", "on"):
-            return True
-        if s in ("false", "0", "no", "off"):
-            return False
-        raise ConfigError(f"{key}={raw!r} is not a boolean (true/false)")
-    if tp in (int, float):
-        try:
-            if tp is int and isinstance(raw, str) and raw.strip().lower().endswith(("e", "e+")):
-                raise ValueError
-            v = float(raw) if tp is float else int(str(raw).replace("_", ""))
-        except (TypeError, ValueError, OverflowError):
-            raise ConfigError(f"{key}={raw!r} is not a{'n integer' if tp is int else ' number'}") from None
-        if tp is float and not math.isfinite(v):  # nan/inf parse as floats but make no setting meaningful
-            raise ConfigError(f"{key}={raw!r} is not a finite number")
-        return v
-    return str(raw)
-
-
-def _field_types(cls) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in fields(cls)}
-
-
 SECTIONS = {"model": ModelConfig, "mesh": MeshConfig, "pipeline": PipelineConfig, "train": TrainConfig, "eval": EvalConfig,
             "sharding": ShardingConfig}
 
@@ -202,17 +114,15 @@ def apply_overrides(cfg: Config, items: dict[str, Any]) -> Config:
     items = dict(items)
     if "model" in items:
         name = str(items.pop("model"))
-        if name not in PRESETS:
-            raise ConfigError(f"model={name!r} is not a preset (choose from {', '.join(PRESETS)})")
-        cfg = replace(cfg, model=PRESETS[name], model_name=name)
-    top = _field_types(Config)
+        cfg = replace(cfg, model=preset(name), model_name=name)
+    top = field_types(Config)
     sections: dict[str, dict[str, Any]] = {}
     for key, raw in items.items():
         head, _, rest = key.partition(".")
         if rest:
             if head not in SECTIONS:
                 raise ConfigError(f"unknown key {key!r}")
-            types_ = _field_types(SECTIONS[head])
+            types_ = field_types(SECTIONS[head])
             if rest not in types_:
                 valid = ", ".join(f"{head}.{k}" for k in types_)
                 raise ConfigError(f"unknown key {key!r} (valid: {valid})")
@@ -226,60 +136,12 @@ def apply_overrides(cfg: Config, items: dict[str, Any]) -> Config:
     return cfg
 
 
-def flatten_yaml(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'train': {'steps': 5}} -> {'train.steps': 5}; `model: gpt2` stays a preset key."""
-    out: dict[str, Any] = {}
-    for k, v in doc.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten_yaml(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def parse_kv(args: list[str]) -> dict[str, str]:
-    """['a.b=1', 'c=x'] -> {'a.b': '1', 'c': 'x'}."""
-    out: dict[str, str] = {}
-    for a in args:
-        key, sep, val = a.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"argument {a!r} is not key=value")
-        out[key] = val
-    return out
-
-
-def load_yaml(path: str) -> dict[str, Any]:
-    import yaml
-
-    try:
-        with open(path) as f:
-            doc = yaml.safe_load(f) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path!r} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {path!r} is a directory") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config file {path!r} cannot be read ({getattr(e, 'strerror', None) or e})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path!r} is not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"config file {path!r} must hold a mapping of keys")
-    return flatten_yaml(doc)
-
-
 def validate(cfg: Config) -> Config:
     """Checks that need no data or devices. Raises ConfigError naming the values."""
     m, t = cfg.model, cfg.train
-    for name in ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions"):
-        if getattr(m, name) <= 0:
-            raise ConfigError(f"model.{name}={getattr(m, name)} must be positive")
-    if m.n_embd % m.n_head:
-        raise ConfigError(f"model.n_embd={m.n_embd} is not divisible by model.n_head={m.n_head}")
+    check_shape(m)
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
-    if m.vocab_size > 65536:
-        raise ConfigError(f"model.vocab_size={m.vocab_size} does not fit uint16 token files (max 65536)")
     if m.attention not in ATTENTIONS:
         raise ConfigError(f"model.attention={m.attention!r} must be one of {', '.join(ATTENTIONS)}")
     if m.attention != "auto" and m.dropout > 0:
@@ -363,10 +225,10 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 def from_dict(d: dict[str, Any]) -> Config:
     """Inverse of to_dict (used to reload a run's saved config.json)."""
     kw: dict[str, Any] = {}
-    top = _field_types(Config)
+    top = field_types(Config)
     for k, v in d.items():
         if k in SECTIONS:
-            types_ = _field_types(SECTIONS[k])
+            types_ = field_types(SECTIONS[k])
             kw[k] = SECTIONS[k](**{kk: parse_value(types_[kk], vv, f"{k}.{kk}") if vv is not None else None
                                   for kk, vv in v.items()})
         elif k in top:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 
+from gpt2common.grammar import parse_kv
 from jaxpar.config import ConfigError
 
 KEYS = {"nprocs", "port", "grace"}
@@ -74,7 +75,7 @@ def precheck(cmd: list[str], n: int) -> None:
     from jaxpar.rundir import resolve_train
 
     path, rest = split_config_flag(cmd[1:])
-    cfg = C.resolve(rest, path) if cmd[0] == "mesh" else resolve_train(C.parse_kv(rest), path)
+    cfg = C.resolve(rest, path) if cmd[0] == "mesh" else resolve_train(parse_kv(rest), path)
     sizes = dataclasses.asdict(cfg.mesh)
     if -1 not in sizes.values() and mesh_size(cfg.mesh) % n:
         shown = "×".join(f"{k}={v}" for k, v in sizes.items())

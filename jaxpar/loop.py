@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpar import data as data_lib
+from gpt2common import data as data_lib
 from jaxpar import rundir
 from jaxpar.checkpoint import Checkpointer, restore
 from jaxpar.config import Config, ConfigError, dumps, validate

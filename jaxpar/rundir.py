@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 
+from gpt2common.grammar import load_yaml, parse_value
 from jaxpar import config as C
 from jaxpar.config import Config, ConfigError
 
@@ -99,8 +100,8 @@ def read_run_config(out: str) -> Config:
 def resolve_train(kv: dict, config_file: str | None) -> Config:
     """`jaxpar train` settings. With resume=true the run's own config.json is the base and only
     the keys given (YAML, then key=value) are applied; keys that change shapes or data are refused."""
-    given = {**(C.load_yaml(config_file) if config_file else {}), **kv}
-    resume = C.parse_value(bool, given.get("resume", False), "resume")
+    given = {**(load_yaml(config_file) if config_file else {}), **kv}
+    resume = parse_value(bool, given.get("resume", False), "resume")
     if not resume:
         return C.resolve_kv(kv, config_file)
     out = str(given.get("out", Config().out))

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpar import data as data_lib
-from jaxpar.config import ConfigError, parse_value
+from gpt2common import data as data_lib
+from gpt2common.grammar import ConfigError, parse_value
 
 
 def sample_token(logits, temperature: float, top_k: int, key):

@@ -2,11 +2,11 @@
 
 Both frameworks start from one set of weights and see one set of batches:
   * weights: `jaxpar.models.gpt2.init_params(cfg, seed)` (numpy, fixed seed) written ONCE as an HF
-    save_pretrained dir with jaxpar's exporter (`jaxpar.models.hf.save_hf`); jaxpar reads it back with
+    save_pretrained dir with jaxpar's exporter (`gpt2common.hf.save_hf`); jaxpar reads it back with
     its importer (`load_hf`), torchref with its loader (`torchref.model.build_model`/`load_weights`);
     the CLIs take it as `init=<dir>`.
   * batches: one prepared dir (train.bin/val.bin/meta.json, uint16 ids) and the global batch order
-    `jaxpar.data.train_batch(ds, T, B, seed, step)`, which torchref's workers also call.
+    `gpt2common.data.train_batch(ds, T, B, seed, step)`, which torchref's workers also call.
 
 `model_parity` runs one fp32 forward/backward and k AdamW steps in both frameworks in this
 process (one CPU device) and returns the diffs that `parity_tests.tolerances.MODEL` bounds.
@@ -62,9 +62,9 @@ def write_init(path: str, cfg: ModelConfig, seed: int = 0) -> str:
 
 
 def write_data(path: str, vocab_size: int = 256, n_tokens: int = 200_000, seed: int = 0) -> str:
-    """A prepared dir. vocab 256: the built-in corpus, byte-tokenized (`jaxpar.data.prepare`).
+    """A prepared dir. vocab 256: the built-in corpus, byte-tokenized (`gpt2common.data.prepare`).
     Any other vocab: uniform random ids from numpy (the byte corpus would exceed the vocab)."""
-    from jaxpar import data
+    from gpt2common import data
 
     if data.is_prepared(path):
         return str(path)
@@ -85,7 +85,7 @@ def write_data(path: str, vocab_size: int = 256, n_tokens: int = 200_000, seed: 
 
 def batches(data_dir: str, cfg: ModelConfig, tc: TrainConfig, seed: int, steps: int):
     """The global batches of steps 0..steps-1, [(inputs, targets)] int32 (B, T)."""
-    from jaxpar import data
+    from gpt2common import data
 
     ds = data.Dataset.open(data_dir, cfg.vocab_size, tc.seq_len)
     return [data.train_batch(ds, tc.seq_len, tc.batch_size, seed, s) for s in range(steps)]
@@ -167,7 +167,7 @@ def jax_optimizer_steps(init_dir: str, tc: TrainConfig, hf_grads: list[dict]) ->
     init weights. Returns {k: HF-named params after k steps}."""
     import jax
 
-    from jaxpar.models import hf
+    from gpt2common import hf
     from jaxpar.train import make_optimizer
 
     cfg, params = hf.load_hf(init_dir)
@@ -225,7 +225,7 @@ def model_parity(init_dir: str, data_dir: str, tc: TrainConfig = PARITY_TRAIN, s
     both frameworks return ~1e-11 noise there, and the two "updates" disagree by 100%. That is
     Adam, not a mapping error; the end-to-end effect is bounded by the trajectory tests.
     """
-    from jaxpar.models import hf
+    from gpt2common import hf
 
     cfg = hf.model_config_from_hf(init_dir)
     bs = batches(data_dir, cfg, tc, seed, max(steps))

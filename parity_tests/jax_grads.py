@@ -24,10 +24,9 @@ import numpy as np
 def main(path: str) -> None:
     import jax
 
-    from jaxpar import data
+    from gpt2common import data, hf
     from jaxpar.config import resolve
     from jaxpar.mesh import build_mesh, mesh_size, resolve_mesh_config
-    from jaxpar.models import hf
     from jaxpar.train import build_trainer, make_loss_fn
 
     with open(os.path.join(path, "rows.json")) as f:

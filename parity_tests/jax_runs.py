@@ -24,7 +24,7 @@ import traceback
 def run(args: list[str]) -> dict:
     import jax
 
-    from jaxpar import data
+    from gpt2common import data
     from jaxpar.config import ConfigError, resolve, validate
     from jaxpar.mesh import build_mesh, mesh_size, resolve_mesh_config
     from jaxpar.models import gpt2, hf

@@ -97,7 +97,7 @@ def test_precision_and_init_policies():
 # Mirrored / same-math keys the property test does not draw, and where they are checked instead.
 CHECKED_ELSEWHERE = {
     "model": "every drawn example starts from model=gpt2-tiny and overrides each shape key",
-    "tokenizer": "examples read prepared token dirs; raw text goes through jaxpar.data in both (test_data.py)",
+    "tokenizer": "examples read prepared token dirs; raw text goes through gpt2common.data in both (test_data.py)",
     "precision": "fp32 here; the bf16 rows of the matrix (parity_tests/matrix.py)",
     "init": "test_property_parity.test_default_train_settings_from_one_hf_init and every matrix row",
 }

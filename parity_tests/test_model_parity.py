@@ -40,7 +40,7 @@ def test_shared_start_is_bitwise_identical(shared):
 
 def test_same_batches_in_both_frameworks(shared):
     """torchref's workers draw their rows from the very global batch jaxpar trains on."""
-    from jaxpar import data
+    from gpt2common import data
     from jaxpar.config import Config
     from torchref.config import RefConfig
     from torchref.runtime import Context, Job

@@ -41,7 +41,7 @@ def hf_model(model_cfg, params):
     import torch
     import transformers
 
-    from jaxpar.models import hf
+    from gpt2common import hf
 
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**hf.hf_config_dict(model_cfg))).eval()
     sd = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in hf.to_hf_state_dict(model_cfg, params).items()}

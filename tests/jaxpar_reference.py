@@ -5,7 +5,7 @@ of `jaxpar train` on one CPU device, in fp32, for the configuration the torchref
 
 Runs in a subprocess: the torchref tests fork their ranks from the pytest process, which must not
 have started JAX's threads. The weights are the shared numpy init (`gpt2.init_params(model, seed)`,
-what torchref loads too), the batches `jaxpar.data.train_batch` of DATA_DIR (what torchref's
+what torchref loads too), the batches `gpt2common.data.train_batch` of DATA_DIR (what torchref's
 workers slice), and the step is the trainer `jaxpar train` compiles (`build_trainer`, AdamW, clip).
 Writes OUT.npz: `losses` (steps,) and `grad/<HF name>` for every parameter (pre-clip, step 1).
 """
@@ -21,7 +21,7 @@ import numpy as np
 def main(data_dir: str, out: str, args: list[str]) -> None:
     import jax
 
-    from jaxpar import data
+    from gpt2common import data
     from jaxpar.config import resolve
     from jaxpar.models import gpt2, hf
     from jaxpar.train import build_trainer, make_loss_fn

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from cli_helpers import run
 
-from jaxpar import data as data_lib
+from gpt2common import data as data_lib
 from jaxpar.tolerances import SHARDED_VS_SINGLE
 
 TOL = SHARDED_VS_SINGLE["fp32"]["loss"]

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import data as data_lib
+from gpt2common import data as data_lib
 from jaxpar.config import PRESETS, Config, TrainConfig
 from jaxpar.mesh import build_mesh
 from jaxpar.models import gpt2

@@ -19,7 +19,7 @@ import signal
 import numpy as np
 import pytest
 
-from jaxpar import data as data_lib
+from gpt2common import data as data_lib
 from jaxpar import loop
 from jaxpar.config import resolve
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from cli_helpers import run
 
-from jaxpar import data
+from gpt2common import data
 from jaxpar.config import ConfigError
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 200

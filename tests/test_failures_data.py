@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from jaxpar import data
+from gpt2common import data
 from jaxpar.config import ConfigError
 
 LATIN1 = ("Ça coûte très cher, señor. Åse og Øystein. " * 1000).encode("latin-1")

@@ -30,7 +30,7 @@ def test_train_from_hf_init_starts_from_those_weights(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model"]["n_embd"] == 64 and cfg["model"]["dropout"] == 0.0 and cfg["init"] == str(tmp_path / "hf")
     # The first logged loss is the HF weights' loss on step 0's batch.
-    from jaxpar import data
+    from gpt2common import data
 
     ds = data.Dataset.open(str(out / "data"), 256, 32)
     x, y = data.train_batch(ds, 32, 4, 0, 0)

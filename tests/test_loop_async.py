@@ -10,8 +10,8 @@ import json
 import jax
 import pytest
 
+from gpt2common import data as data_lib
 from jaxpar import config as C
-from jaxpar import data as data_lib
 from jaxpar.loop import run_train
 from jaxpar.models import gpt2
 from jaxpar.train import build_trainer

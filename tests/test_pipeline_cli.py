@@ -9,8 +9,8 @@ import jax
 import pytest
 from cli_helpers import run
 
+from gpt2common import data
 from jaxpar import config as C
-from jaxpar import data
 from jaxpar.mesh import build_mesh
 from jaxpar.models import gpt2
 from jaxpar.tolerances import SHARDED_VS_SINGLE

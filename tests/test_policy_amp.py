@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    from jaxpar import data as data_lib
+    from gpt2common import data as data_lib
 
     d = tmp_path_factory.mktemp("amp") / "data"
     data_lib.prepare(data_lib.builtin_text()[:20_000], str(d), "byte", source="tinyshakespeare[:20000]")
@@ -27,7 +27,7 @@ def matmul_dtypes(prepared, tmp_path, *args):
     """(Conv1D output dtypes, loss dtype, GradScaler or None) of one forward under `args`."""
     from transformers.pytorch_utils import Conv1D
 
-    from jaxpar.models import hf
+    from gpt2common import hf
     from torchref.config import resolve_ref
     from torchref.model import build_model, loss_fn
     from torchref.runtime import Context, Job

@@ -123,7 +123,7 @@ def _worker(out_dir: str) -> None:
     state, m = tr.step_fn(tr.init_state(gpt2.init_params(cfg.model, 0)), tr.put_batch(x), tr.put_batch(y))
     adam = next(s for s in jax.tree.leaves(state["opt_state"], is_leaf=lambda s: hasattr(s, "mu")) if hasattr(s, "mu"))
     g = jax.tree.map(lambda mu: np.asarray(mu) / (1 - cfg.train.beta1), adam.mu)
-    from jaxpar.models.hf import to_hf_state_dict
+    from gpt2common.hf import to_hf_state_dict
 
     np.savez(os.path.join(out_dir, "replicate_grads.npz"), **to_hf_state_dict(cfg.model, g))
     res["replicate"] = {"loss": float(m["loss"]), "specs": {
@@ -135,7 +135,7 @@ def _worker(out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from jaxpar import data as data_lib
+    from gpt2common import data as data_lib
 
     out = tmp_path_factory.mktemp("policy_shardings")
     tokens = np.frombuffer(data_lib.builtin_text()[:50_000].encode(), np.uint8).astype(np.int32)
@@ -237,7 +237,7 @@ if __name__ == "__main__":
         os.environ.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
 
         with tempfile.TemporaryDirectory() as d:
-            from jaxpar import data as data_lib
+            from gpt2common import data as data_lib
 
             toks = np.frombuffer(data_lib.builtin_text()[:50_000].encode(), np.uint8).astype(np.int32)
             np.save(os.path.join(d, "batch.npy"),

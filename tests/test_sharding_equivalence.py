@@ -40,7 +40,7 @@ def _worker(out_path: str) -> None:
     model = PRESETS["gpt2-tiny"]
     params = gpt2.init_params(model, 0)
     # Real text (byte tokens of the built-in corpus), so 5 steps visibly lower the loss.
-    from jaxpar import data as data_lib
+    from gpt2common import data as data_lib
 
     tokens = np.frombuffer(data_lib.builtin_text()[:200_000].encode("utf-8"), np.uint8).astype(np.int32)
     batches = [data_lib.get_batch(tokens, data_lib.batch_offsets(len(tokens), 32, 8, 0, s), 32)

@@ -111,9 +111,9 @@ def grad_norm_rel(a: Run, b: Run) -> float:
 def test_single_starts_from_the_shared_numpy_init_and_saves_hf_weights(runner):
     from safetensors.numpy import load_file
 
+    from gpt2common.hf import load_hf, to_hf_state_dict
     from jaxpar.config import PRESETS
     from jaxpar.models.gpt2 import init_params
-    from jaxpar.models.hf import load_hf, to_hf_state_dict
 
     s = runner("strategy=single")
     want = to_hf_state_dict(PRESETS["gpt2-tiny"], init_params(PRESETS["gpt2-tiny"], 0))
@@ -281,8 +281,8 @@ def test_ddp_bucket_mb_sets_the_buckets_and_keeps_the_gradient(runner):
     2(N-1)/N·Ψ, and `single`'s step-1 gradient and losses (fp32 bounds of torchref/tolerances.py)."""
     import transformers
 
+    from gpt2common.hf import hf_config_dict
     from jaxpar.config import PRESETS
-    from jaxpar.models.hf import hf_config_dict
 
     single = runner("strategy=single")
     small = runner("strategy=distributed-ps", "workers=2", "ddp.bucket_mb=0.25")

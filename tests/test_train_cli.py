@@ -57,8 +57,8 @@ def test_eval_checkpoint_matches_contract(trained, tmp_path):
     from a raw .bin and another batching."""
     from claims_helpers import hf_mean_nll, hf_model
 
+    from gpt2common.data import load_tokens
     from jaxpar.commands import load_model
-    from jaxpar.data import load_tokens
 
     out, _ = trained
     r = run(["eval", f"checkpoint={out}", f"data={out / 'data'}", "eval.windows=5", "train.batch_size=2"])

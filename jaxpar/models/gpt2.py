@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from gpt2common.init import init_params, param_shapes  # noqa: F401  (numpy, shared with torchref)
 from jaxpar import ops
 from jaxpar.config import ModelConfig
 from jaxpar.logical import constrain
@@ -66,50 +67,8 @@ def param_axes(cfg: ModelConfig | None = None) -> Params:
     }
 
 
-def param_shapes(cfg: ModelConfig) -> Params:
-    L, D, N, Hd, V, P = cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.head_dim, cfg.vocab_size, cfg.n_positions
-    F = 4 * D
-    block = {
-        "ln_1": {"weight": (D,), "bias": (D,)},
-        "attn": {"c_attn": {"weight": (D, 3, N, Hd), "bias": (3, N, Hd)},
-                 "c_proj": {"weight": (N, Hd, D), "bias": (D,)}},
-        "ln_2": {"weight": (D,), "bias": (D,)},
-        "mlp": {"c_fc": {"weight": (D, F), "bias": (F,)}, "c_proj": {"weight": (F, D), "bias": (D,)}},
-    }
-    return {
-        "wte": {"weight": (V, D)},
-        "wpe": {"weight": (P, D)},
-        "h": jax.tree.map(lambda s: (L, *s), block, is_leaf=_is_axes),
-        "ln_f": {"weight": (D,), "bias": (D,)},
-    }
-
-
 def abstract_params(cfg: ModelConfig, dtype=jnp.float32) -> Params:
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), param_shapes(cfg), is_leaf=_is_axes)
-
-
-def init_params(cfg: ModelConfig, seed: int) -> Params:
-    """The shared numpy initialiser (jaxpar and torchref start from these exact weights).
-
-    HF GPT-2 init: weights and embeddings ~ N(0, 0.02); the two residual projections
-    (attn.c_proj, mlp.c_proj) ~ N(0, 0.02/sqrt(2L)); biases 0; LayerNorm weight 1.
-    Draws happen in sorted-path order from one numpy Generator, float32.
-    """
-    rng = np.random.default_rng(seed)
-    shapes = param_shapes(cfg)
-    flat = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_axes)[0]
-    values = {}
-    for path, shape in sorted(flat, key=lambda kv: jax.tree_util.keystr(kv[0])):
-        name = jax.tree_util.keystr(path)
-        if "ln_" in name:
-            v = np.ones(shape, np.float32) if "weight" in name else np.zeros(shape, np.float32)
-        elif name.endswith("['bias']"):
-            v = np.zeros(shape, np.float32)
-        else:
-            std = 0.02 / math.sqrt(2 * cfg.n_layer) if "c_proj" in name else 0.02
-            v = (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
-        values[name] = v
-    return jax.tree_util.tree_map_with_path(lambda p, _: values[jax.tree_util.keystr(p)], shapes, is_leaf=_is_axes)
 
 
 def count_params(params: Params) -> int:

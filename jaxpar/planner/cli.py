@@ -20,7 +20,8 @@ import json
 import os
 import sys
 
-from jaxpar.config import Config, ConfigError, apply_overrides, parse_kv, validate
+from gpt2common.grammar import parse_kv
+from jaxpar.config import Config, ConfigError, apply_overrides, validate
 from jaxpar.planner.cost import Workload
 from jaxpar.planner.devices import parse_bytes
 from jaxpar.planner.plan import fmt_bytes, plan_for, save_plan

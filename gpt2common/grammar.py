@@ -1,0 +1,105 @@
+"""The config grammar both CLIs speak: `key=value` arguments, YAML files flattened to dotted
+keys, and the coercion of a raw value to a dataclass field's type.
+
+What a key means (which keys exist, their defaults and checks) is each side's own business:
+`jaxpar.config` and `torchref.config` build their frozen dataclasses on top of this grammar.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from dataclasses import fields
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """Invalid configuration or input. The CLIs print `error: <msg>` and exit 2."""
+
+
+def parse_value(tp: Any, raw: Any, key: str) -> Any:
+    """Coerce `raw` (a CLI string or a YAML value) to the dataclass field type `tp`."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null", "")):
+            return None
+        return parse_value(args[0], raw, key)
+    if origin is tuple:
+        (elem, _) = typing.get_args(tp)
+        if isinstance(raw, str):
+            raw = raw.strip().strip("[]()")
+            items = [s for s in raw.replace(" ", "").split(",") if s]
+        else:
+            items = list(raw)
+        return tuple(parse_value(elem, x, key) for x in items)
+    if tp is bool:
+        if isinstance(raw, bool):
+            return raw
+        s = str(raw).lower()
+        if s in ("true", "1", "yes", "on"):
+            return True
+        if s in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{key}={raw!r} is not a boolean (true/false)")
+    if tp in (int, float):
+        try:
+            if tp is int and isinstance(raw, str) and raw.strip().lower().endswith(("e", "e+")):
+                raise ValueError
+            v = float(raw) if tp is float else int(str(raw).replace("_", ""))
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"{key}={raw!r} is not a{'n integer' if tp is int else ' number'}") from None
+        if tp is float and not math.isfinite(v):  # nan/inf parse as floats but make no setting meaningful
+            raise ConfigError(f"{key}={raw!r} is not a finite number")
+        return v
+    return str(raw)
+
+
+def field_types(cls) -> dict[str, Any]:
+    """{field name: resolved type} of a dataclass (string annotations evaluated)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+def flatten_yaml(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'train': {'steps': 5}} -> {'train.steps': 5}; `model: gpt2` stays a preset key."""
+    out: dict[str, Any] = {}
+    for k, v in doc.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten_yaml(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def parse_kv(args: list[str]) -> dict[str, str]:
+    """['a.b=1', 'c=x'] -> {'a.b': '1', 'c': 'x'}."""
+    out: dict[str, str] = {}
+    for a in args:
+        key, sep, val = a.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"argument {a!r} is not key=value")
+        out[key] = val
+    return out
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    """`--config FILE.yaml` -> flat {dotted key: value}; every failure is one ConfigError line."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path!r} is a directory") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path!r} cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path!r} is not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"config file {path!r} must hold a mapping of keys")
+    return flatten_yaml(doc)
