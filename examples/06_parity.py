@@ -43,9 +43,9 @@ emulate_devices_for(cfg.mesh)  # must precede JAX's first device query (CPU only
 import jax
 import torch
 
-from gpt2common import data
+from gpt2common import data, hf
 from jaxpar.mesh import build_mesh
-from jaxpar.models import gpt2, hf
+from jaxpar.models import gpt2
 from jaxpar.train import build_trainer, check_model_vs_mesh
 from parity_tests.tolerances import TRAJECTORY
 from torchref.model import build_model, clip_grads_, loss_fn, lr_at, make_optimizer, set_lr

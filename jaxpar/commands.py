@@ -193,7 +193,7 @@ def convert(argv: list[str]) -> int:
     from gpt2common import hf
 
     kv = parse_kv(argv)
-    from jaxpar.rundir import check_writable
+    from gpt2common.outdir import check_writable
 
     if set(kv) == {"hf", "out"}:
         from jaxpar.checkpoint import Checkpointer

@@ -18,13 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from gpt2common import data as data_lib
+from gpt2common import hf
+from gpt2common.outdir import make_out
 from jaxpar import rundir
 from jaxpar.checkpoint import Checkpointer, restore
 from jaxpar.config import Config, ConfigError, dumps, validate
 from jaxpar.launch import LOST_PEER_EXIT
 from jaxpar.mesh import resolve_mesh_config
 from jaxpar.metrics import METRICS_FILE, MetricsLogger, truncate_after
-from jaxpar.models import gpt2, hf
+from jaxpar.models import gpt2
 from jaxpar.train import build_trainer, check_model_vs_mesh, device_peak_flops
 
 
@@ -121,7 +123,7 @@ def run_train(cfg: Config) -> int:
     # carried by step 1, so all processes agree and a checkpoint is written.
     with _StopFlag() as stop:
         if is_main:
-            rundir.make_out(cfg.out)
+            make_out(cfg.out)
         ds = _prepare_data(cfg, is_main)
         trainer = build_trainer(cfg)
         state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step)

@@ -54,7 +54,8 @@ OPTIMIZER_MAP = {
 
 def write_init(path: str, cfg: ModelConfig, seed: int = 0) -> str:
     """Numpy init (fixed seed) -> HF save_pretrained dir via jaxpar's exporter. Returns `path`."""
-    from jaxpar.models import gpt2, hf
+    from gpt2common import hf
+    from jaxpar.models import gpt2
 
     if not os.path.isfile(os.path.join(path, "model.safetensors")):
         hf.save_hf(path, cfg, gpt2.init_params(cfg, seed))
@@ -145,7 +146,8 @@ def jax_side(init_dir: str, batch):
     import jax
     import jax.numpy as jnp
 
-    from jaxpar.models import gpt2, hf
+    from gpt2common import hf
+    from jaxpar.models import gpt2
 
     cfg, params = hf.load_hf(init_dir)
 

@@ -24,10 +24,10 @@ import traceback
 def run(args: list[str]) -> dict:
     import jax
 
-    from gpt2common import data
+    from gpt2common import data, hf
     from jaxpar.config import ConfigError, resolve, validate
     from jaxpar.mesh import build_mesh, mesh_size, resolve_mesh_config
-    from jaxpar.models import gpt2, hf
+    from jaxpar.models import gpt2
     from jaxpar.train import build_trainer, check_model_vs_mesh
 
     try:

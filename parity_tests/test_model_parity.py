@@ -22,7 +22,8 @@ def parity(request, shared):
 
 def test_shared_start_is_bitwise_identical(shared):
     """Both converters read the one numpy init exactly (no cast, no transpose slip), tied lm_head."""
-    from jaxpar.models import gpt2, hf
+    from gpt2common import hf
+    from jaxpar.models import gpt2
 
     for name, cfg in (("gpt2-tiny", TINY), ("odd", ODD)):
         init_dir, _ = shared[name]
@@ -88,7 +89,8 @@ def test_optimizer_mapping():
     import jax
     import optax
 
-    from jaxpar.models import gpt2, hf
+    from gpt2common import hf
+    from jaxpar.models import gpt2
     from jaxpar.train import decay_mask, lr_schedule, make_optimizer
     from torchref import model as tm
 

@@ -21,9 +21,9 @@ import numpy as np
 def main(data_dir: str, out: str, args: list[str]) -> None:
     import jax
 
-    from gpt2common import data
+    from gpt2common import data, hf
     from jaxpar.config import resolve
-    from jaxpar.models import gpt2, hf
+    from jaxpar.models import gpt2
     from jaxpar.train import build_trainer, make_loss_fn
 
     cfg = resolve([*args, "precision=fp32", f"data={data_dir}"])

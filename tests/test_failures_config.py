@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from gpt2common.outdir import make_out
 from jaxpar import cli, launch, rundir
 from jaxpar import config as C
 from jaxpar.config import ConfigError
@@ -113,7 +114,7 @@ def test_unwritable_out_is_refused_before_anything_is_written(tmp_path):
         rundir.check_out_dir(_cfg(blocker), _no_ckpt)
     assert str(e.value) == f"out={str(blocker)!r} exists and is not a directory"
     with pytest.raises(ConfigError, match=r"^out='/proc/jaxpar_run' cannot be created \("):
-        rundir.make_out("/proc/jaxpar_run")  # refused even to root
+        make_out("/proc/jaxpar_run")  # refused even to root
 
 
 def _saved_run(tmp_path, *args):

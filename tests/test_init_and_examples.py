@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 from cli_helpers import clean_env, run
 
+from gpt2common import hf
 from jaxpar.config import ModelConfig
-from jaxpar.models import gpt2, hf
+from jaxpar.models import gpt2
 
 ROOT = Path(__file__).resolve().parents[1]
 

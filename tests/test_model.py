@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from cli_helpers import run
 
+from gpt2common import hf
 from jaxpar.config import PRESETS, ModelConfig
-from jaxpar.models import gpt2, hf
+from jaxpar.models import gpt2
 from jaxpar.tolerances import BF16_LOGITS_REL
 
 torch = pytest.importorskip("torch", reason="needs the [torch] extra (torch + transformers): pip install -e '.[torch]'")
