@@ -1,6 +1,8 @@
 """Every key of `jaxpar train` is accounted for by torchref: mirrored, same-math, no-math or
-rejected (`torchref.config.KEY_POLICY`). The keys are enumerated from jaxpar's config dataclasses,
-so a key added to jaxpar fails here until someone decides what torchref does with it."""
+rejected (`torchref.run_config.KEY_POLICY`). The keys are enumerated from jaxpar's config dataclasses,
+so a key added to jaxpar fails here until someone decides what torchref does with it. torchref holds
+its keys in its own dataclasses (it imports nothing from jaxpar): the defaults, types and error texts
+it re-states are compared with jaxpar's here."""
 
 import dataclasses
 
@@ -8,7 +10,8 @@ import pytest
 
 from jaxpar import config as C
 from jaxpar.config import ConfigError
-from torchref.config import KEY_POLICY, resolve_ref
+from torchref.config import resolve_ref
+from torchref.run_config import HELD, IGNORED, KEY_POLICY, RunConfig, TrainSettings
 
 KINDS = {"mirrored", "same-math", "no-math", "rejected"}
 TINY = ["model=gpt2-tiny", "train.seq_len=32", "train.batch_size=8"]
@@ -71,18 +74,70 @@ def test_rejected_keys_fail_with_one_line(key):
     assert "\n" not in msg
 
 
-@pytest.mark.parametrize("key", sorted(k for k, (kind, _) in KEY_POLICY.items() if kind != "rejected"
-                                       and k not in ("init", "precision")))
-def test_accepted_keys_reach_the_workers(key):
-    """An accepted key is carried into the Config the workers get (Job serialises it)."""
+def _get(c, key):
+    head, _, rest = key.partition(".")
+    return getattr(getattr(c, head), rest) if rest else getattr(c, "model_name" if key == "model" else key)
+
+
+@pytest.mark.parametrize("key", sorted(HELD - {"init", "precision"}))
+def test_held_keys_reach_the_workers(key):
+    """A key torchref holds is carried into the RunConfig the workers get (Job serialises it),
+    with the value jaxpar resolves for it."""
     from torchref.runtime import Job
 
     cfg, ref = resolve_ref(TINY + [f"{key}={SAMPLE[key]}"])
     job = Job.from_json(Job(cfg, ref, "d", "i", "o").to_json())
-    want = C.resolve(TINY + [f"{key}={SAMPLE[key]}"])
-    head, _, rest = key.partition(".")
-    get = (lambda c: getattr(getattr(c, head), rest)) if rest else (lambda c: getattr(c, "model_name" if key == "model" else key))
-    assert get(job.cfg) == get(want) != get(C.resolve(TINY))
+    assert job.cfg == cfg
+    assert _get(job.cfg, key) == _get(C.resolve(TINY + [f"{key}={SAMPLE[key]}"]), key) != _get(C.resolve(TINY), key)
+
+
+@pytest.mark.parametrize("key", sorted(k for k in IGNORED if KEY_POLICY[k][0] != "rejected"))
+def test_ignored_keys_are_accepted_and_change_nothing(key):
+    assert KEY_POLICY[key][0] in ("same-math", "no-math")
+    assert resolve_ref(TINY + [f"{key}={SAMPLE[key]}"]) == resolve_ref(TINY)
+    if IGNORED[key][0] in (int, float, bool):  # parsed to the key's type: a malformed value is jaxpar's error
+        with pytest.raises(ConfigError) as e:
+            resolve_ref(TINY + [f"{key}=[1,x"])
+        with pytest.raises(ConfigError) as want:
+            C.resolve(TINY + [f"{key}=[1,x"])
+        assert str(e.value) == str(want.value)
+
+
+def test_held_and_ignored_keys_split_the_policy():
+    assert HELD | set(IGNORED) == set(KEY_POLICY) and not HELD & set(IGNORED)
+    assert {k for k in HELD if KEY_POLICY[k][0] != "mirrored"} == {"out", "train.log_every"}  # used for output
+    assert {k for k, (kind, _) in KEY_POLICY.items() if kind == "mirrored"} <= HELD
+    held_fields = {f"train.{f.name}" for f in dataclasses.fields(TrainSettings)}
+    assert held_fields == {k for k in HELD if k.startswith("train.")}
+
+
+def test_torchref_defaults_and_types_are_jaxpars():
+    jax_cfg, ref_cfg = C.Config(), RunConfig()
+    for key in HELD - {"precision"}:  # precision: the strategy's (fp32 for `single`)
+        assert _get(ref_cfg, key) == _get(jax_cfg, key), key
+    assert type(ref_cfg.model) is type(jax_cfg.model)  # one GPT-2 shape, gpt2common.model.ModelConfig
+    for key, (tp, default) in IGNORED.items():
+        head, _, rest = key.partition(".")
+        types = C.field_types(C.SECTIONS[head] if rest else C.Config)
+        assert (tp, default) == (types[rest or key], _get(jax_cfg, key)), key
+
+
+# Invalid values of held keys: torchref re-states jaxpar's checks, so the first error must be the same line.
+BAD = ["model.n_layer=0", "model.n_embd=130", "model.n_head=-1", "model.vocab_size=70000", "model.n_positions=16",
+       "train.steps=0", "train.batch_size=0", "train.seq_len=-2", "train.grad_accum=0", "train.warmup_steps=-1",
+       "train.lr=0", "train.beta1=1", "train.beta2=-0.1", "train.min_lr_ratio=1.5", "train.eps=-1",
+       "train.weight_decay=-0.1", "train.grad_clip=-1", "train.log_every=-1", "seed=-1", "seed=4294967296",
+       "train.grad_accum=3", "model=gpt3", "train.steps=x", "seed=1.5", "model.layer_norm_epsilon=nan", "trian.steps=1",
+       "train.bogus=1", "bogus=1"]
+
+
+@pytest.mark.parametrize("arg", BAD)
+def test_invalid_held_values_give_jaxpars_error(arg):
+    with pytest.raises(ConfigError) as want:
+        C.resolve(TINY + [arg])
+    with pytest.raises(ConfigError) as got:
+        resolve_ref(TINY + [arg])
+    assert str(got.value) == str(want.value)
 
 
 def test_precision_and_init_policies():

@@ -42,12 +42,13 @@ def test_shared_start_is_bitwise_identical(shared):
 def test_same_batches_in_both_frameworks(shared):
     """torchref's workers draw their rows from the very global batch jaxpar trains on."""
     from gpt2common import data
-    from jaxpar.config import Config
     from torchref.config import RefConfig
+    from torchref.run_config import RunConfig, TrainSettings
     from torchref.runtime import Context, Job
 
     init_dir, data_dir = shared["gpt2-tiny"]
-    cfg = Config(model=TINY, train=PARITY_TRAIN, seed=0)
+    train = TrainSettings(**{f: getattr(PARITY_TRAIN, f) for f in TrainSettings.__dataclass_fields__})
+    cfg = RunConfig(model=TINY, train=train, seed=0)
     ctx = Context(Job(cfg, RefConfig(strategy="distributed-ps", workers=2), data_dir, init_dir, "/nonexistent"), 0, 2)
     ds = data.Dataset.open(data_dir, TINY.vocab_size, PARITY_TRAIN.seq_len)
     for step in (0, 1, 9):

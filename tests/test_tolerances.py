@@ -19,13 +19,12 @@ def test_every_bound_is_at_least_measured_and_at_most_4x_it():
 
 
 def test_one_module_free_of_jax_and_torch():
-    code = ("import sys, json; import jaxpar.tolerances, torchref.tolerances, parity_tests.tolerances as p; "
+    code = ("import sys, json; import jaxpar.tolerances, parity_tests.tolerances as p; "
             "print(json.dumps([sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'torch', 'jaxlib')), "
-            "p.TRAJECTORY is jaxpar.tolerances.TRAJECTORY, "
-            "torchref.tolerances.LOSS_RTOL_FP32 == jaxpar.tolerances.TABLE['torchref.fp32.loss'].value]))")
+            "p.TRAJECTORY is jaxpar.tolerances.TRAJECTORY]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == [[], True, True]
+    assert json.loads(r.stdout) == [[], True]
 
 
 def test_bf16_bounds_tighten_on_native_bf16_hosts():

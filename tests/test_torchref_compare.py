@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from extras import require_mpiexec
 
-from torchref.tolerances import LOSS_RTOL_AMP, LOSS_RTOL_FP32
+from jaxpar.tolerances import LOSS_RTOL_AMP, LOSS_RTOL_FP32
 
 ROOT = Path(__file__).resolve().parents[1]
 

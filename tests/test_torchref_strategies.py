@@ -1,6 +1,6 @@
 """Multi-process runs of the six strategies on gpt2-tiny (CPU, gloo / mpiexec), checked against
 `single`: losses for 10 steps, gradients after step 1, byte counters vs the analytic volume,
-async PS, AMP bounds, fp16 compression, and a dying worker. Tolerances: torchref/tolerances.py.
+async PS, AMP bounds, fp16 compression, and a dying worker. Tolerances: jaxpar/tolerances.py.
 Every synchronous strategy is also checked against jaxpar (independent reference: the JAX
 implementation, `tests/jaxpar_reference.py`) with the cross-framework table
 (parity_tests/tolerances.py TRAJECTORY): losses of all 10 steps and every step-1 gradient.
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from extras import require_mpiexec
 
+from jaxpar.tolerances import GRAD_NORM_RTOL_AMP, GRAD_TOL_FP32, LOSS_RTOL_AMP, LOSS_RTOL_FP16_WIRE, LOSS_RTOL_FP32
 from parity_tests.tolerances import TRAJECTORY
-from torchref.tolerances import GRAD_NORM_RTOL_AMP, GRAD_TOL_FP32, LOSS_RTOL_AMP, LOSS_RTOL_FP16_WIRE, LOSS_RTOL_FP32
 
 STEPS = 10
 BASE = ["model=gpt2-tiny", "train.seq_len=32", "train.batch_size=8", f"train.steps={STEPS}", "train.warmup_steps=2",
@@ -278,7 +278,7 @@ def greedy_buckets(sizes: list[int], cap: int) -> list[int]:
 def test_ddp_bucket_mb_sets_the_buckets_and_keeps_the_gradient(runner):
     """Reference: hand bucketing of gpt2-tiny's tensors (greedy_buckets; e.g. ln_f (1,024 B) + the
     last mlp.c_proj (262,656 B) = 263,680 B closes the first 0.25 MiB bucket), the ring volume
-    2(N-1)/N·Ψ, and `single`'s step-1 gradient and losses (fp32 bounds of torchref/tolerances.py)."""
+    2(N-1)/N·Ψ, and `single`'s step-1 gradient and losses (fp32 bounds of jaxpar/tolerances.py)."""
     import transformers
 
     from gpt2common.hf import hf_config_dict

@@ -19,7 +19,7 @@ commands:
 
 
 def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
-    from jaxpar.config import ConfigError
+    from gpt2common.grammar import ConfigError
 
     cfg_file, rest, i = None, [], 0
     while i < len(argv):
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     cmd, args = argv[0], argv[1:]
-    from jaxpar.config import ConfigError
+    from gpt2common.grammar import ConfigError
     from torchref.config import WorkerDied
 
     try:

@@ -20,7 +20,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from jaxpar.config import ConfigError, parse_kv
+from gpt2common.grammar import ConfigError, parse_kv
 from torchref.config import STRATEGY_NAMES, resolve_ref
 
 COLUMNS = [("strategy", "strategy"), ("workers", "N"), ("tokens_per_s", "tokens/s"), ("speedup", "speed-up"),
@@ -134,7 +134,7 @@ def plot(rows: list[dict], path: str, title: str) -> None:
 
 
 def compare(args: list[str], config_file: str | None = None) -> dict:
-    from jaxpar.data import resolve_data
+    from gpt2common.data import resolve_data
     from torchref.launch import train
 
     out, runs = plan_runs(args, config_file)

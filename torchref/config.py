@@ -1,8 +1,6 @@
-"""torchref's own settings, layered on top of jaxpar's `Config`.
-
-`torchref train` takes every model/train/data/init/seed/out key that `jaxpar train` takes
-(resolved by `jaxpar.config.resolve`, so unknown keys are still rejected with one line),
-plus the keys below, which only mean something to the PyTorch reference:
+"""torchref's settings: the `jaxpar train` keys it takes (`torchref.run_config`: mirrored ones
+held in `RunConfig`, the others accepted and ignored or rejected per `KEY_POLICY`; unknown keys
+rejected with one line) plus the keys below, which only mean something to the PyTorch reference:
 
   strategy=single|single-ps|distributed-ps|horovod|distributed-ps-amp|horovod-amp
   workers=N                  data-parallel worker processes (the PS strategy adds one server)
@@ -27,67 +25,10 @@ import typing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from jaxpar.config import Config, ConfigError, load_yaml, parse_kv, parse_value, resolve
+from gpt2common.grammar import ConfigError, load_yaml, parse_kv, parse_value
+from torchref.run_config import RunConfig, apply_run_overrides, check_rejected, validate_run
 
 STRATEGY_NAMES = ("single", "single-ps", "distributed-ps", "horovod", "distributed-ps-amp", "horovod-amp")
-
-
-# What torchref does with each key of `jaxpar train` (`parity_tests/test_key_policy.py` enumerates
-# jaxpar's config dataclasses against this table and fails on a key that is in neither):
-#   mirrored   torchref computes the same training math with it (checked by the parity tests)
-#   same-math  a jaxpar memory/layout knob whose every value computes the same math; torchref,
-#              which has no such knob, accepts and ignores it (the property parity test draws it)
-#   no-math    output and bookkeeping only: the losses and weights do not depend on it
-#   rejected   torchref refuses a non-default value with a one-line error (reason given)
-KEY_POLICY: dict[str, tuple[str, str]] = {
-    "model": ("mirrored", "preset -> the HF config of the run's init dir"),
-    **{f"model.{k}": ("mirrored", "HF GPT2Config of the init dir") for k in
-       ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "layer_norm_epsilon")},
-    "model.dropout": ("rejected", "torch cannot draw jaxpar's dropout masks, so no step would be comparable; "
-                      "use model.dropout=0"),
-    **{f"mesh.{k}": ("rejected", "torchref is data-parallel only; use workers=N")
-       for k in ("data", "fsdp", "tensor", "pipe")},
-    **{f"pipeline.{k}": ("rejected", "torchref has no pipeline parallelism")
-       for k in ("microbatches", "schedule", "repeats", "layers_per_stage")},
-    **{f"train.{k}": ("mirrored", "same optimizer, schedule and batches") for k in
-       ("steps", "batch_size", "seq_len", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2",
-        "eps", "grad_clip", "grad_accum")},
-    "train.eval_every": ("no-math", "torchref logs no val_loss"),
-    "train.eval_batches": ("no-math", "torchref logs no val_loss"),
-    "train.ckpt_every": ("no-math", "torchref writes its weights at the end only"),
-    "train.log_every": ("no-math", "console lines"),
-    "train.skip_nonfinite": ("rejected", "torchref does not skip non-finite steps"),
-    "model.attention": ("same-math", "attention kernel (einsum core, jax.nn.dot_product_attention or cuDNN)"),
-    "train.remat": ("same-math", "recomputation in backward"),
-    "train.vocab_chunks": ("same-math", "chunked logits + cross-entropy"),
-    "train.mlp_chunks": ("same-math", "chunked MLP"),
-    "eval.windows": ("no-math", "jaxpar eval only"),
-    "sharding.replicate": ("same-math", "which groups FSDP replicates"),
-    "data": ("mirrored", "same prepared data and batch order"),
-    "tokenizer": ("mirrored", "same tokenizer for raw text"),
-    "precision": ("mirrored", "fp32 strategies compute in fp32, -amp ones under autocast(amp.dtype)"),
-    "seed": ("mirrored", "same batches and the same numpy init"),
-    "init": ("mirrored", "same HF weights"),
-    "out": ("no-math", "the run directory"),
-    "resume": ("rejected", "torchref has no checkpoints to resume from"),
-    "plan": ("rejected", "a plan sets jaxpar's mesh"),
-    "dry_run": ("rejected", "torchref does not compile"),
-    "device_peak_flops": ("no-math", "MFU only"),
-    "progress": ("no-math", "console display"),
-}
-
-
-def _value(cfg: Config, key: str) -> Any:
-    head, _, rest = key.partition(".")
-    return getattr(getattr(cfg, head), rest) if rest else getattr(cfg, "model_name" if key == "model" else key)
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, tuple):
-        return ",".join(map(str, v))
-    return str(v)
 
 
 class WorkerDied(RuntimeError):
@@ -154,7 +95,7 @@ def _fname(section: str, key: str) -> str:
 
 
 def split_items(items: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Separate torchref keys from jaxpar keys (the latter go to `jaxpar.config.resolve`)."""
+    """Separate torchref's own keys from the `jaxpar train` keys (the latter go to `torchref.run_config`)."""
     ours, theirs = {}, {}
     for k, v in items.items():
         head = k.partition(".")[0]
@@ -184,7 +125,7 @@ def apply_ref_overrides(ref: RefConfig, items: dict[str, Any]) -> RefConfig:
     return ref
 
 
-def validate_ref(cfg: Config, ref: RefConfig) -> None:
+def validate_ref(cfg: RunConfig, ref: RefConfig) -> None:
     """Checks that need no processes. Raises ConfigError with a one-line message."""
     if ref.strategy not in STRATEGY_NAMES:
         raise ConfigError(f"strategy={ref.strategy!r} is unknown (choose from {', '.join(STRATEGY_NAMES)})")
@@ -213,20 +154,10 @@ def validate_ref(cfg: Config, ref: RefConfig) -> None:
         raise ConfigError(f"ddp.bucket_mb={ref.ddp.bucket_mb} and horovod.fusion_mb={ref.horovod.fusion_mb} must be positive")
     if ref.timeout_s <= 0:
         raise ConfigError(f"timeout_s={ref.timeout_s} must be positive")
-    check_rejected(cfg)
 
 
-def check_rejected(cfg: Config) -> None:
-    """jaxpar keys the reference does not model (KEY_POLICY 'rejected'): refuse a non-default
-    value rather than silently ignore it."""
-    default = Config()
-    for key, (kind, why) in KEY_POLICY.items():
-        if kind == "rejected" and _value(cfg, key) != _value(default, key):
-            raise ConfigError(f"{key}={_fmt(_value(cfg, key))} is not supported by torchref ({why})")
-
-
-def resolve_ref(args: list[str], config_file: str | None = None) -> tuple[Config, RefConfig]:
-    """key=value args (+ optional YAML) -> (jaxpar Config, RefConfig), validated.
+def resolve_ref(args: list[str], config_file: str | None = None) -> tuple[RunConfig, RefConfig]:
+    """key=value args (+ optional YAML) -> (RunConfig, RefConfig), validated.
 
     `precision` belongs to the strategy here: the fp32 strategies compute in fp32, the -amp ones
     under autocast(amp.dtype). `precision=fp32` (non-amp) or `precision=bf16` (amp, amp.dtype=bf16)
@@ -237,9 +168,11 @@ def resolve_ref(args: list[str], config_file: str | None = None) -> tuple[Config
     precision = items.pop("precision", None)
     ours, theirs = split_items(items)
     ref = apply_ref_overrides(RefConfig(), ours)
-    cfg = resolve([f"{k}={v}" for k, v in theirs.items()])
+    cfg, ignored = apply_run_overrides(RunConfig(), theirs)
+    validate_run(cfg)
     cfg = replace(cfg, precision="bf16" if ref.is_amp and ref.amp.dtype == "bf16" else "fp32")
     validate_ref(cfg, ref)
+    check_rejected(ignored)
     if precision is not None:
         want = "fp32" if not ref.is_amp else ref.amp.dtype
         if str(precision) != want:

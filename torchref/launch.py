@@ -28,8 +28,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from jaxpar.config import Config, ConfigError, to_dict
+from gpt2common.grammar import ConfigError
 from torchref.config import RefConfig, WorkerDied, ref_to_dict
+from torchref.run_config import RunConfig, run_to_dict
 
 GRACE_S = 5.0
 
@@ -57,7 +58,7 @@ RUN_ENTRIES = {"metrics.jsonl", "summary.json", "job.json", "config.json", "proc
 def check_out(out: Path) -> None:
     """A run goes into a missing or empty dir, or over a torchref run that did not finish (no
     summary.json); a finished run or a foreign dir is refused, never overwritten. Writes nothing."""
-    from jaxpar.rundir import check_writable
+    from gpt2common.outdir import check_writable
 
     check_writable(str(out))
     if not out.is_dir():
@@ -71,22 +72,19 @@ def check_out(out: Path) -> None:
                           "choose another out")
 
 
-def prepare(cfg: Config, ref: RefConfig):
+def prepare(cfg: RunConfig, ref: RefConfig):
     """Everything that can fail with a user error, done once before any process starts."""
-    from jaxpar.data import Dataset, resolve_data
-    from jaxpar.rundir import make_out
+    from gpt2common.data import Dataset, resolve_data
+    from gpt2common.hf import hf_config_dict, model_config_from_hf
+    from gpt2common.outdir import make_out
     from torchref.model import initial_state_dict, save_weights
     from torchref.runtime import Job
 
     out = Path(cfg.out)
     check_out(out)
     if cfg.init:  # the model shape comes from the weights, as in `jaxpar train init=`
-        from jaxpar.models.hf import model_config_from_hf
-        from torchref.config import check_rejected
-
-        # dropout is the run's model.dropout (default 0), not the HF config's resid_pdrop: as jaxpar train
-        cfg = replace(cfg, model=replace(model_config_from_hf(cfg.init), dropout=cfg.model.dropout))
-        check_rejected(cfg)  # e.g. model.dropout > 0, before anything is written
+        # dropout stays 0 (torchref rejects model.dropout > 0), not the HF config's resid_pdrop: as jaxpar train
+        cfg = replace(cfg, model=model_config_from_hf(cfg.init))
     # Raw text is tokenized into <out>/data only after its checks (length, vocab) pass, and
     # re-tokenized when data= names another source than the one prepared there.
     data_dir = resolve_data(cfg.data, cfg.tokenizer, str(out), cfg.train.seq_len, cfg.model.vocab_size)
@@ -99,12 +97,10 @@ def prepare(cfg: Config, ref: RefConfig):
     for g in out.glob("grads_step*.safetensors"):
         g.unlink()
     init_dir = str(out / "init")
-    from jaxpar.models.hf import hf_config_dict
-
     save_weights(init_dir, hf_config_dict(cfg.model), initial_state_dict(cfg))
     job = Job(cfg, ref, os.path.abspath(data_dir), os.path.abspath(init_dir), os.path.abspath(out), free_port())
     (out / "job.json").write_text(job.to_json())
-    (out / "config.json").write_text(json.dumps({**to_dict(cfg), "torchref": ref_to_dict(ref)}, indent=2))
+    (out / "config.json").write_text(json.dumps({**run_to_dict(cfg), "torchref": ref_to_dict(ref)}, indent=2))
     return job
 
 
@@ -199,7 +195,7 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def train(cfg: Config, ref: RefConfig) -> dict:
+def train(cfg: RunConfig, ref: RefConfig) -> dict:
     """Run one strategy end to end; returns the run summary (also written to <out>/summary.json)."""
     from torchref import strategies
 

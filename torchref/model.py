@@ -1,4 +1,4 @@
-"""HF GPT2LMHeadModel built from jaxpar's ModelConfig and weights, plus the optimizer
+"""HF GPT2LMHeadModel built from the shared GPT-2 config and weights (`gpt2common`), plus the optimizer
 that mirrors jaxpar's optax chain exactly.
 
 jaxpar's update is `optax.chain(clip_by_global_norm(c), adamw(schedule, b1, b2, eps, wd, mask))`.
@@ -21,17 +21,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from jaxpar.config import Config, TrainConfig
+from torchref.run_config import RunConfig, TrainSettings
 
 DECAY_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
 def build_model(hf_config: dict, state_dict: dict[str, np.ndarray] | None = None) -> torch.nn.Module:
-    """GPT2LMHeadModel from an HF config dict (`jaxpar.models.hf.hf_config_dict`, or the config.json
+    """GPT2LMHeadModel from an HF config dict (`gpt2common.hf.hf_config_dict`, or the config.json
     of the run's init dir) with the given HF-named float32 weights (lm_head tied to wte).
 
-    Workers read the dict from <out>/init/config.json rather than importing jaxpar.models, which
-    would import jax: every import second counts when mpiexec starts N ranks on a small CPU."""
+    Workers read the dict from <out>/init/config.json rather than building it from a ModelConfig:
+    every import second counts when mpiexec starts N ranks on a small CPU."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     model = GPT2LMHeadModel(GPT2Config(**hf_config))
@@ -50,15 +50,14 @@ def load_weights(model: torch.nn.Module, state_dict: dict[str, np.ndarray]) -> N
     model.tie_weights()
 
 
-def initial_state_dict(cfg: Config) -> dict[str, np.ndarray]:
+def initial_state_dict(cfg: RunConfig) -> dict[str, np.ndarray]:
     """The exact weights `jaxpar train` starts from: `init=<HF dir>` or the shared numpy init(seed)."""
-    from jaxpar.models.hf import load_hf, to_hf_state_dict
+    from gpt2common.hf import load_hf, to_hf_state_dict
+    from gpt2common.init import init_params
 
     if cfg.init:
         mcfg, params = load_hf(cfg.init)
         return to_hf_state_dict(mcfg, params)
-    from jaxpar.models.gpt2 import init_params
-
     return to_hf_state_dict(cfg.model, init_params(cfg.model, cfg.seed))
 
 
@@ -68,7 +67,7 @@ def hf_state_dict(model: torch.nn.Module) -> dict[str, np.ndarray]:
 
 
 def save_weights(path: str, hf_config: dict, sd: dict[str, np.ndarray]) -> None:
-    """config.json + model.safetensors (the layout `jaxpar.models.hf.load_hf` and HF from_pretrained read)."""
+    """config.json + model.safetensors (the layout `gpt2common.hf.load_hf` and HF from_pretrained read)."""
     import json
 
     from safetensors.numpy import save_file
@@ -84,7 +83,7 @@ def decays(name: str) -> bool:
     return name.endswith(DECAY_SUFFIXES)
 
 
-def make_optimizer(named_params: list[tuple[str, torch.nn.Parameter]], t: TrainConfig) -> torch.optim.AdamW:
+def make_optimizer(named_params: list[tuple[str, torch.nn.Parameter]], t: TrainSettings) -> torch.optim.AdamW:
     decay = [p for n, p in named_params if decays(n)]
     no_decay = [p for n, p in named_params if not decays(n)]
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -92,7 +91,7 @@ def make_optimizer(named_params: list[tuple[str, torch.nn.Parameter]], t: TrainC
     return torch.optim.AdamW(groups, lr=0.0, betas=(t.beta1, t.beta2), eps=t.eps, foreach=False)
 
 
-def lr_at(t: TrainConfig, step):
+def lr_at(t: TrainSettings, step):
     """Learning rate of 0-based step `step` (the update count before the update); `step` may be
     an int (-> float) or an integer numpy array (-> float64 array). The project's one schedule:
 

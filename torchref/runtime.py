@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from jaxpar.config import Config, from_dict, to_dict
 from torchref.config import RefConfig, ref_from_dict, ref_to_dict
+from torchref.run_config import RunConfig, run_from_dict, run_to_dict
 
 
 @dataclass(frozen=True)
 class Job:
-    cfg: Config
+    cfg: RunConfig
     ref: RefConfig
     data_dir: str  # prepared dir (train.bin/val.bin/meta.json)
     init_dir: str  # HF dir with the initial weights
@@ -32,20 +32,20 @@ class Job:
     port: int = 0  # TCP port of the torch.distributed rendezvous
 
     def to_json(self) -> str:
-        return json.dumps({"cfg": to_dict(self.cfg), "ref": ref_to_dict(self.ref), "data_dir": self.data_dir,
+        return json.dumps({"cfg": run_to_dict(self.cfg), "ref": ref_to_dict(self.ref), "data_dir": self.data_dir,
                            "init_dir": self.init_dir, "out": self.out, "port": self.port}, indent=2)
 
     @staticmethod
     def from_json(s: str) -> Job:
         d = json.loads(s)
-        return Job(from_dict(d["cfg"]), ref_from_dict(d["ref"]), d["data_dir"], d["init_dir"], d["out"], d["port"])
+        return Job(run_from_dict(d["cfg"]), ref_from_dict(d["ref"]), d["data_dir"], d["init_dir"], d["out"], d["port"])
 
 
 class Context:
     """One process's view of the job: its rank, the data, the initial weights."""
 
     def __init__(self, job: Job, rank: int, world: int):
-        from jaxpar.data import Dataset
+        from gpt2common.data import Dataset
 
         self.job, self.rank, self.world = job, rank, world
         self.cfg, self.ref, self.t = job.cfg, job.ref, job.cfg.train
@@ -64,7 +64,7 @@ class Context:
     # ---------------------------------------------------------------- data
     def global_batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """The global batch of 0-based step `step`, identical to jaxpar's: int32 (B, T) each."""
-        from jaxpar.data import train_batch
+        from gpt2common.data import train_batch
 
         return train_batch(self.ds, self.t.seq_len, self.t.batch_size, self.cfg.seed, step)
 

@@ -1,0 +1,206 @@
+"""The `jaxpar train` keys torchref takes, held in torchref's own frozen dataclasses.
+
+torchref accepts every key of `jaxpar train` and decides per key what to do (`KEY_POLICY`;
+`parity_tests/test_key_policy.py` enumerates jaxpar's config dataclasses against it and fails on
+a key that is in neither):
+  mirrored   torchref computes the same training math with it (checked by the parity tests):
+             held in `RunConfig`
+  same-math  a jaxpar memory/layout knob whose every value computes the same math; torchref has no
+             such knob: the value is parsed to the key's type (a malformed one is still an error)
+             and then ignored, not held (the property parity test draws these keys)
+  no-math    output and bookkeeping only: parsed and ignored like same-math, except the two torchref
+             uses itself (`out`, the run dir; `train.log_every`, console lines), which are held
+  rejected   a non-default value is refused with one line naming the key, value and reason
+
+Keys torchref does not hold are declared in `IGNORED` with their type and jaxpar's default (the
+default decides "non-default" for rejected keys); `test_key_policy` checks every declared default
+and type, and every default of `TrainSettings`, against jaxpar's dataclasses. The grammar (parsing,
+YAML, `ConfigError`) and the GPT-2 shape come from `gpt2common`, as in jaxpar.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpt2common.grammar import ConfigError, field_types, parse_value
+from gpt2common.model import PRESETS, ModelConfig, check_shape, preset
+
+KEY_POLICY: dict[str, tuple[str, str]] = {
+    "model": ("mirrored", "preset -> the HF config of the run's init dir"),
+    **{f"model.{k}": ("mirrored", "HF GPT2Config of the init dir") for k in
+       ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "layer_norm_epsilon")},
+    "model.dropout": ("rejected", "torch cannot draw jaxpar's dropout masks, so no step would be comparable; "
+                      "use model.dropout=0"),
+    **{f"mesh.{k}": ("rejected", "torchref is data-parallel only; use workers=N")
+       for k in ("data", "fsdp", "tensor", "pipe")},
+    **{f"pipeline.{k}": ("rejected", "torchref has no pipeline parallelism")
+       for k in ("microbatches", "schedule", "repeats", "layers_per_stage")},
+    **{f"train.{k}": ("mirrored", "same optimizer, schedule and batches") for k in
+       ("steps", "batch_size", "seq_len", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2",
+        "eps", "grad_clip", "grad_accum")},
+    "train.eval_every": ("no-math", "torchref logs no val_loss"),
+    "train.eval_batches": ("no-math", "torchref logs no val_loss"),
+    "train.ckpt_every": ("no-math", "torchref writes its weights at the end only"),
+    "train.log_every": ("no-math", "console lines"),
+    "train.skip_nonfinite": ("rejected", "torchref does not skip non-finite steps"),
+    "model.attention": ("same-math", "attention kernel (einsum core, jax.nn.dot_product_attention or cuDNN)"),
+    "train.remat": ("same-math", "recomputation in backward"),
+    "train.vocab_chunks": ("same-math", "chunked logits + cross-entropy"),
+    "train.mlp_chunks": ("same-math", "chunked MLP"),
+    "eval.windows": ("no-math", "jaxpar eval only"),
+    "sharding.replicate": ("same-math", "which groups FSDP replicates"),
+    "data": ("mirrored", "same prepared data and batch order"),
+    "tokenizer": ("mirrored", "same tokenizer for raw text"),
+    "precision": ("mirrored", "fp32 strategies compute in fp32, -amp ones under autocast(amp.dtype)"),
+    "seed": ("mirrored", "same batches and the same numpy init"),
+    "init": ("mirrored", "same HF weights"),
+    "out": ("no-math", "the run directory"),
+    "resume": ("rejected", "torchref has no checkpoints to resume from"),
+    "plan": ("rejected", "a plan sets jaxpar's mesh"),
+    "dry_run": ("rejected", "torchref does not compile"),
+    "device_peak_flops": ("no-math", "MFU only"),
+    "progress": ("no-math", "console display"),
+}
+
+# Keys torchref parses but does not hold: {key: (type, jaxpar's default)}.
+IGNORED: dict[str, tuple[Any, Any]] = {
+    "model.dropout": (float, 0.0), "model.attention": (str, "auto"),
+    **{f"mesh.{k}": (int, 1) for k in ("data", "fsdp", "tensor", "pipe")},
+    "pipeline.microbatches": (int, 1), "pipeline.schedule": (str, "gpipe"), "pipeline.repeats": (int, 1),
+    "pipeline.layers_per_stage": (tuple[int, ...] | None, None),
+    "train.eval_every": (int, 100), "train.eval_batches": (int, 8), "train.ckpt_every": (int, 0),
+    "train.skip_nonfinite": (bool, False), "train.remat": (str, "none"), "train.vocab_chunks": (int, 1),
+    "train.mlp_chunks": (int, 1), "eval.windows": (int, 0), "sharding.replicate": (tuple[str, ...], ()),
+    "resume": (bool, False), "plan": (str, ""), "dry_run": (bool, False), "device_peak_flops": (float, 0.0),
+    "progress": (str, "auto"),
+}
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The `train.*` keys torchref holds: the optimizer, schedule and batch keys (mirrored) and
+    `log_every`. Defaults are jaxpar's TrainConfig defaults."""
+
+    steps: int = 1000
+    batch_size: int = 8  # global sequences per optimizer step
+    seq_len: int = 256
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # global-norm clip; 0 disables
+    grad_accum: int = 1
+    log_every: int = 1  # console lines every N steps (metrics.jsonl gets every step)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What a torchref run computes with. `model` is the shared GPT-2 shape; its jaxpar-only
+    fields (dropout, attention) stay at their defaults here (dropout > 0 is rejected, attention ignored)."""
+
+    model: ModelConfig = field(default_factory=lambda: PRESETS["gpt2"])
+    train: TrainSettings = field(default_factory=TrainSettings)
+    model_name: str = "gpt2"  # preset the model section started from
+    data: str = ""  # "" -> built-in corpus
+    tokenizer: str = "byte"
+    precision: str = "fp32"  # set from the strategy by torchref.config.resolve_ref
+    seed: int = 0
+    out: str = "runs/latest"
+    init: str = ""  # HF save_pretrained dir to start from
+
+
+SECTIONS = {"model": ModelConfig, "train": TrainSettings}
+HELD = set(KEY_POLICY) - set(IGNORED)  # keys whose value RunConfig holds
+
+
+def _unknown(key: str) -> ConfigError:
+    head, _, rest = key.partition(".")
+    valid = [k for k in KEY_POLICY if k.startswith(head + ".")]
+    return ConfigError(f"unknown key {key!r} (valid: {', '.join(valid)})" if rest and valid else f"unknown key {key!r}")
+
+
+def apply_run_overrides(cfg: RunConfig, items: dict[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
+    """Dotted `key: value` overrides of jaxpar train keys -> (RunConfig, {ignored key: parsed value}).
+    `model=<preset>` is applied first so that `model.*` keys refine the chosen preset."""
+    items = dict(items)
+    if "model" in items:
+        name = str(items.pop("model"))
+        cfg = replace(cfg, model=preset(name), model_name=name)
+    ignored: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {}
+    top = field_types(RunConfig)
+    for key, raw in items.items():
+        if key not in KEY_POLICY:
+            raise _unknown(key)
+        if key in IGNORED:
+            tp, _ = IGNORED[key]
+            ignored[key] = parse_value(tp, raw, key)
+            continue
+        head, _, rest = key.partition(".")
+        if rest:
+            sections.setdefault(head, {})[rest] = parse_value(field_types(SECTIONS[head])[rest], raw, key)
+        else:
+            cfg = replace(cfg, **{key: parse_value(top[key], raw, key)})
+    for head, kv in sections.items():
+        cfg = replace(cfg, **{head: replace(getattr(cfg, head), **kv)})
+    return cfg, ignored
+
+
+def validate_run(cfg: RunConfig) -> None:
+    """jaxpar's checks of the keys torchref holds, in jaxpar's order and with its messages
+    (test_key_policy compares the two on bad values of every held key)."""
+    m, t = cfg.model, cfg.train
+    check_shape(m)
+    for name in ("steps", "batch_size", "seq_len", "grad_accum"):
+        if getattr(t, name) <= 0:
+            raise ConfigError(f"train.{name}={getattr(t, name)} must be positive")
+    if t.warmup_steps < 0:
+        raise ConfigError(f"train.warmup_steps={t.warmup_steps} must be >= 0")
+    if t.lr <= 0:
+        raise ConfigError(f"train.lr={t.lr} must be positive")
+    for name in ("beta1", "beta2"):
+        if not 0.0 <= getattr(t, name) < 1.0:
+            raise ConfigError(f"train.{name}={getattr(t, name)} must be in [0, 1)")
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        raise ConfigError(f"train.min_lr_ratio={t.min_lr_ratio} must be in [0, 1]")
+    for name in ("eps", "weight_decay", "grad_clip"):
+        if getattr(t, name) < 0:
+            raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")
+    if t.log_every < 0:
+        raise ConfigError(f"train.log_every={t.log_every} must be >= 0")
+    if not 0 <= cfg.seed < 2**32:  # numpy's SeedSequence takes non-negative seeds only
+        raise ConfigError(f"seed={cfg.seed} must be in [0, 2**32)")
+    if t.seq_len > m.n_positions:
+        raise ConfigError(f"train.seq_len={t.seq_len} exceeds model.n_positions={m.n_positions}")
+    if t.batch_size % t.grad_accum:
+        raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by train.grad_accum={t.grad_accum}")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, tuple):
+        return ",".join(map(str, v))
+    return str(v)
+
+
+def check_rejected(ignored: dict[str, Any]) -> None:
+    """Keys the reference does not model (KEY_POLICY 'rejected'): refuse a non-default value
+    rather than silently ignore it."""
+    for key, (kind, why) in KEY_POLICY.items():
+        if kind == "rejected" and key in ignored and ignored[key] != IGNORED[key][1]:
+            raise ConfigError(f"{key}={_fmt(ignored[key])} is not supported by torchref ({why})")
+
+
+def run_to_dict(cfg: RunConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def run_from_dict(d: dict[str, Any]) -> RunConfig:
+    """Inverse of run_to_dict (a Job read back by an mpiexec-launched worker)."""
+    return RunConfig(**{k: (SECTIONS[k](**v) if k in SECTIONS else v) for k, v in d.items()})
