@@ -22,7 +22,7 @@ import ast
 import sys
 from pathlib import Path
 
-PACKAGES = ("jaxpar", "torchref", "parity_tests")
+PACKAGES = ("gpt2common", "jaxpar", "torchref", "parity_tests")
 
 
 def module_files(root: Path, packages=PACKAGES) -> dict[str, Path]:

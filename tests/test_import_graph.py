@@ -37,3 +37,25 @@ def test_graph_sees_function_level_relative_and_package_imports_not_type_checkin
     assert g["pkg.d"] == {"pkg.sub": {"top"}, "pkg.sub.c": {"top"}}
     assert cycles(g) == [["pkg.a", "pkg.b", "pkg.sub.c"]]
     assert importers(g, "pkg.sub.c") == {"pkg.b": {"top"}, "pkg.d": {"top"}}
+
+
+# The declared boundary (gpt2common/__init__.py): torchref may import from jaxpar only what is listed
+# here. Nothing: everything the two share lives in gpt2common (jaxpar.tolerances, stdlib only, is
+# imported by tests and parity_tests, not by torchref).
+TORCHREF_MAY_IMPORT_FROM_JAXPAR: set[str] = set()
+
+
+def test_boundary_torchref_imports_no_jaxpar_and_gpt2common_imports_neither():
+    graph = build_graph(ROOT)
+    shared = {m for m in graph if m.split(".")[0] == "gpt2common"}
+    assert {"gpt2common.grammar", "gpt2common.model", "gpt2common.init", "gpt2common.hf", "gpt2common.data",
+            "gpt2common.outdir"} <= shared
+    leaks = {(m, d) for m in shared for d in graph[m] if d.split(".")[0] != "gpt2common"}
+    assert leaks == set(), "gpt2common imports project code outside itself"
+    from_jaxpar = {(m, d) for m, deps in graph.items() if m.split(".")[0] == "torchref"
+                   for d in deps if d.split(".")[0] == "jaxpar" and d not in TORCHREF_MAY_IMPORT_FROM_JAXPAR}
+    assert from_jaxpar == set(), "torchref imports jaxpar"
+    # both sides really use the shared package (not a copy of it)
+    assert {"gpt2common.grammar", "gpt2common.data", "gpt2common.hf"} <= set(graph["torchref.launch"]) | set(
+        graph["torchref.runtime"]) | set(graph["torchref.config"]) | set(graph["torchref.model"])
+    assert "gpt2common.grammar" in graph["jaxpar.config"] and "gpt2common.init" in graph["jaxpar.models.gpt2"]
