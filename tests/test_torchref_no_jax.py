@@ -5,8 +5,9 @@ How: `tests/jaxfree_hook/sitecustomize.py` is put on the PYTHONPATH of the proce
 starts; in every process whose argv[0] is `torchref/zygote.py` (the fork server whose forked
 children are the ranks of single / single-ps / distributed-ps) or `torchref/worker.py` (the
 mpiexec ranks of horovod) it records each import of jax or jaxlib with its stack, and marks that
-it ran. The launcher itself (this test process) may import jax: it builds the shared initial
-weights with `jaxpar.models.gpt2.init_params`.
+it ran. (The launcher needs no jax either since torchref imports nothing from jaxpar, only the
+jax-free `gpt2common`: tests/test_import_graph.py and tests/test_shared_boundary.py check that
+statically and in a fresh interpreter; this test process itself has imported jax already.)
 """
 
 import os
