@@ -121,6 +121,8 @@ HELD = set(KEY_POLICY) - set(IGNORED)  # keys whose value RunConfig holds
 def _unknown(key: str) -> ConfigError:
     head, _, rest = key.partition(".")
     valid = [k for k in KEY_POLICY if k.startswith(head + ".")]
+    if head == "model":  # listed in the shared dataclass's order, as jaxpar lists them
+        valid = [f"model.{f.name}" for f in dataclasses.fields(ModelConfig)]
     return ConfigError(f"unknown key {key!r} (valid: {', '.join(valid)})" if rest and valid else f"unknown key {key!r}")
 
 
