@@ -43,7 +43,7 @@ def test_config_errors_exact_text(args, msg):
     assert str(e.value).startswith(msg), str(e.value)
 
 
-def test_torchref_keys_parse_and_the_rest_reach_jaxpar():
+def test_torchref_keys_parse_and_the_rest_reach_the_run_config():
     cfg, ref = resolve_ref(TINY + ["strategy=horovod-amp", "workers=4", "ps.max_staleness=5", "horovod.fusion_mb=0.5",
                                    "horovod.algorithm=ring", "amp.dtype=bf16", "train.lr=3e-4", "seed=7"])
     assert (ref.strategy, ref.workers, ref.ps.max_staleness, ref.horovod.fusion_mb) == ("horovod-amp", 4, 5, 0.5)
