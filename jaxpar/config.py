@@ -32,6 +32,9 @@ class PipelineConfig:
     schedule: str = "gpipe"  # gpipe | circular
     repeats: int = 1  # chunks per device for the circular schedule
     layers_per_stage: tuple[int, ...] | None = None  # manual stage partition
+    # when fsdp-sharded block weights are all-gathered: step (the whole stage once per step,
+    # kept for the loop) | layer (each layer every iteration: less memory, more fsdp traffic)
+    gather: str = "step"
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class Config:
 PRECISIONS = ("bf16", "fp32")
 ATTENTIONS = ("auto", "xla", "cudnn")
 SCHEDULES = ("gpipe", "circular")
+GATHERS = ("step", "layer")  # pipeline.gather
 REMATS = ("none", "selective", "full")
 REMAT_ALIASES = {"true": "full", "false": "none"}  # train.remat used to be a bool
 PARAM_GROUPS = ("embed", "attn", "mlp")  # OSDP groups (jaxpar.sharding.PARAM_GROUPS)
@@ -194,6 +198,8 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by train.grad_accum={t.grad_accum}")
     if cfg.pipeline.schedule not in SCHEDULES:
         raise ConfigError(f"pipeline.schedule={cfg.pipeline.schedule!r} must be one of {', '.join(SCHEDULES)}")
+    if cfg.pipeline.gather not in GATHERS:
+        raise ConfigError(f"pipeline.gather={cfg.pipeline.gather!r} must be one of {', '.join(GATHERS)}")
     if cfg.progress not in ("auto", "bar", "plain", "none"):
         raise ConfigError(f"progress={cfg.progress!r} must be one of auto, bar, plain, none")
     mesh = dataclasses.asdict(cfg.mesh)

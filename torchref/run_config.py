@@ -37,6 +37,7 @@ KEY_POLICY: dict[str, tuple[str, str]] = {
        for k in ("data", "fsdp", "tensor", "pipe")},
     **{f"pipeline.{k}": ("rejected", "torchref has no pipeline parallelism")
        for k in ("microbatches", "schedule", "repeats", "layers_per_stage")},
+    "pipeline.gather": ("same-math", "when a pipeline gathers its fsdp-sharded weights (torchref has no pipeline)"),
     **{f"train.{k}": ("mirrored", "same optimizer, schedule and batches") for k in
        ("steps", "batch_size", "seq_len", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2",
         "eps", "grad_clip", "grad_accum")},
@@ -69,7 +70,7 @@ IGNORED: dict[str, tuple[Any, Any]] = {
     "model.dropout": (float, 0.0), "model.attention": (str, "auto"),
     **{f"mesh.{k}": (int, 1) for k in ("data", "fsdp", "tensor", "pipe")},
     "pipeline.microbatches": (int, 1), "pipeline.schedule": (str, "gpipe"), "pipeline.repeats": (int, 1),
-    "pipeline.layers_per_stage": (tuple[int, ...] | None, None),
+    "pipeline.layers_per_stage": (tuple[int, ...] | None, None), "pipeline.gather": (str, "step"),
     "train.eval_every": (int, 100), "train.eval_batches": (int, 8), "train.ckpt_every": (int, 0),
     "train.skip_nonfinite": (bool, False), "train.remat": (str, "none"), "train.vocab_chunks": (int, 1),
     "train.mlp_chunks": (int, 1), "eval.windows": (int, 0), "sharding.replicate": (tuple[str, ...], ()),

@@ -209,6 +209,15 @@ def _varying(x, axes) -> jax.Array:
     return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
+def _gather_fsdp(a, spec: P, lead: int = 0):
+    """All-gather (tiled) every dim of `a` that `spec` shards over a manual axis; `spec` names the
+    dims after the first `lead` ones. Transpose: a reduce-scatter of the cotangent."""
+    for dim, e in enumerate(spec):
+        if e is not None:
+            a = jax.lax.all_gather(a, e, axis=dim + lead, tiled=True)
+    return a
+
+
 def _psum_f32(x, axis):
     """psum in fp32, cast back. bf16 psums inside shard_map lower to a reducer whose root is a
     copy, and XLA:CPU's AllReducePromotion aborts on it ("Invalid binary instruction opcode
@@ -218,12 +227,18 @@ def _psum_f32(x, axis):
 
 def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage_params, x, microbatches: int,
                     block_param_rules: dict, key=None, remat: bool = True, iterations: int | None = None,
-                    mlp_chunks: int = 1):
+                    mlp_chunks: int = 1, gather: str = "step"):
     """Run the transformer blocks as a pipeline. x (B, T, D) -> (B, T, D).
 
     stage_params: block params in (R, S, Lmax, ...) layout (`to_stage_layout`).
     block_param_rules: the parameter rules (logical name -> mesh axes) in force, to find which
-    block-param dims are sharded over fsdp (gathered once per step inside the body).
+    block-param dims are sharded over fsdp (gathered inside the body).
+    gather: when the fsdp-sharded block weights are all-gathered (`pipeline.gather`). "step":
+    the whole stage (R·Lmax layers) once per step, kept for the loop and backward (grads
+    reduce-scattered once per step, summed over microbatches). "layer": each layer's weights
+    just before the layer runs, every iteration (the checkpointed stage re-gathers them in its
+    backward re-run; the transpose reduce-scatters each layer's grads per iteration): ZeRO-3's
+    memory (one layer gathered at a time) at ~1.5·N/R times the fsdp traffic of "step".
     iterations: benchmarks only - run this many loop iterations instead of the schedule's N
     (wrong results; used to time the loop without its fill/drain iterations).
     """
@@ -247,6 +262,8 @@ def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage
                                    sub, is_leaf=lambda a: isinstance(a, tuple)) for k, sub in gpt2.BLOCK_AXES.items()}
     w_specs = jax.tree.map(lambda sp: P(None, "pipe", None, *_manual_spec(sp)), block_specs,
                            is_leaf=lambda a: isinstance(a, P))
+    # per-layer spec (the block dims) of each weight: which dims `_gather_fsdp` gathers
+    layer_specs = jax.tree.map(lambda sp: P(*sp[3:]), w_specs, is_leaf=lambda a: isinstance(a, P))
     valid = jnp.asarray(layout.valid)
 
     def stage(w_all, valid_all, r, h, k):
@@ -257,6 +274,8 @@ def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage
 
         def layer(h, xs):
             lp, v, kk = xs
+            if gather == "layer":  # (..., X/f) -> (..., X) for this layer only
+                lp = jax.tree.map(_gather_fsdp, lp, layer_specs)
             y = gpt2.block_apply(mc, policy, lp, h, kk, mlp_chunks=mlp_chunks)
             return (jnp.where(v, y, h) if masked else y), None
 
@@ -268,13 +287,13 @@ def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage
 
     def body(w, ok, xm, key):
         s = jax.lax.axis_index("pipe")
-        # (R, 1, Lmax, ...) local -> (R, Lmax, ...); gather fsdp shards once per step (transpose:
-        # one reduce-scatter of the summed grads); mark varying over data once (transpose: one psum).
+        # (R, 1, Lmax, ...) local -> (R, Lmax, ...); gather="step": gather fsdp shards once per
+        # step (transpose: one reduce-scatter of the summed grads); mark varying over data once
+        # (transpose: one psum, of the 1/f shards when gather="layer").
         def prep(a, sp):
             a = a[:, 0]
-            for dim, e in enumerate(sp[3:]):
-                if e is not None:
-                    a = jax.lax.all_gather(a, e, axis=dim + 2, tiled=True)
+            if gather == "step":
+                a = _gather_fsdp(a, P(*sp[3:]), lead=2)
             return _varying(a, MANUAL_AXES)
 
         w = jax.tree.map(prep, w, w_specs)
@@ -360,7 +379,7 @@ def _pipeline_model(cfg: Config, mesh) -> tuple[dict, Callable]:
         x = model.embed(inputs, k_embed)
         w = to_stage_layout(params["h"], layout)
         y = pipeline_blocks(mc, policy, mesh, layout, w, x, M, block_rules, k_blocks, remat=remat,
-                            mlp_chunks=cfg.train.mlp_chunks)
+                            mlp_chunks=cfg.train.mlp_chunks, gather=cfg.pipeline.gather)
         return model, y
 
     return outer_activation_rules(pipe_cfg, mesh), run
