@@ -139,17 +139,18 @@ def test_memory_floor_never_exceeds_an_estimate():
         floor = _memory_floor(w, (d, f, t, p), H100)
         reps = [1] + ([r for r in REPEATS if POW2.n_layer % (p * r) == 0] if p > 1 else [])
         groups = [tuple(g for g, x in zip(GROUPS, bits) if x) for bits in itertools.product((0, 1), repeat=3)]
-        for rep, r, M, remat, mc in itertools.product(groups if f > 1 else [()], reps, divisors(32 // (d * f)),
-                                                      REMAT, (1, 4)):
-            mem = estimate(w, Strategy(d, f, t, p, M, r, remat, rep, 1, mc), H100).memory["total"]
-            assert floor <= mem and _memory_floor(w, (d, f, t, p), H100, rep, r) <= mem
+        for rep, r, M, remat, mc, g in itertools.product(groups if f > 1 else [()], reps, divisors(32 // (d * f)),
+                                                         REMAT, (1, 4), ("step", "layer")):
+            mem = estimate(w, Strategy(d, f, t, p, M, r, remat, rep, 1, mc, gather=g), H100).memory["total"]
+            assert floor <= mem and _memory_floor(w, (d, f, t, p), H100, rep, r, gather=g) <= mem
+            assert _memory_floor(w, (d, f, t, p), H100, rep, r) <= mem  # the default floor bounds both
             if p > 1:  # the what-if engine's floor bounds its estimates too
                 mg = estimate(w, Strategy(d, f, t, p, M, r, remat, rep, 1, mc, engine="megatron"), H100)
                 assert _memory_floor(w, (d, f, t, p), H100, rep, r, "megatron") <= mg.memory["total"]
     # tight where the gathered fp32 stage copies dominate (deep, wide, tiny batch): within 10%
     deep = Workload(ModelConfig(n_layer=8, n_embd=1024, n_head=8, vocab_size=1024, n_positions=64), 8, 16)
     mem = estimate(deep, Strategy(1, 8, 1, 2, 1, 1), H100).memory["total"]
-    floor = _memory_floor(deep, (1, 8, 1, 2), H100, (), 1)
+    floor = _memory_floor(deep, (1, 8, 1, 2), H100, (), 1, gather="step")
     assert floor <= mem < 1.1 * floor
     big = ModelConfig(n_layer=16, n_embd=2048, n_head=16, vocab_size=8192, n_positions=1024)
     wb = Workload(big, 64, 1024)

@@ -7,7 +7,7 @@ memory_limit=16GB (default: the device's memory), out=plan.json (file or dir/),
 sweep=8,16,...,1024 (PNG of predicted throughput and MFU vs devices), top=N rows,
 space=full|train (train: only what `jaxpar train` applies today), attention=naive|flash.
 Fixed values (the keys `jaxpar train` takes; the search keeps them and chooses the rest):
-mesh.data|fsdp|tensor|pipe (-1: searched), pipeline.microbatches|schedule|repeats (pipe > 1),
+mesh.data|fsdp|tensor|pipe (-1: searched), pipeline.microbatches|schedule|repeats|gather (pipe > 1),
 train.grad_accum, train.remat, train.vocab_chunks|mlp_chunks, sharding.replicate. With all of
 them fixed, `jaxpar plan` evaluates that one configuration (a what-if): the breakdown below the
 table, or one `error:` line naming the resource it exceeds.
@@ -34,7 +34,7 @@ FIXED_KEYS = {"mesh.data": "data", "mesh.fsdp": "fsdp", "mesh.tensor": "tensor",
               "pipeline.microbatches": "microbatches", "pipeline.schedule": "schedule",
               "pipeline.repeats": "repeats", "train.grad_accum": "grad_accum", "train.remat": "remat",
               "train.vocab_chunks": "vocab_chunks", "train.mlp_chunks": "mlp_chunks",
-              "sharding.replicate": "replicate"}
+              "sharding.replicate": "replicate", "pipeline.gather": "gather"}
 PLAN_KEYS = ("devices", "device", "memory_limit", "out", "sweep", "top", "space", "attention")
 
 

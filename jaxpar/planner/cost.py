@@ -64,6 +64,7 @@ STATE_BYTES = 16  # fp32 master 4 + grad 4 + Adam m 4 + v 4
 MEGATRON_ORDER = ("pipe", "data", "fsdp", "tensor")
 JAXPAR_ORDER = MEGATRON_ORDER  # == jaxpar.mesh.PLACEMENT (tests/test_planner_cost.py)
 PIPE_INNERMOST_ORDER = ("data", "fsdp", "tensor", "pipe")
+GATHER_LIVE = 3  # pipeline.gather=layer: fp32 copies of one layer's gathered weights live at once
 STACK_PASSES = 4  # zero-fill, copy, slice write, slice read of each stacked residual (see estimate)
 
 
@@ -109,6 +110,11 @@ class Strategy:
     # stage p-1 (no pipe gather/broadcast), and the scatter/gather p2p of Narayanan et al. 2021
     # §4.1 (each tensor rank sends 1/t of the stage output, then an all-gather over tensor).
     engine: str = "jaxpar"
+    # pipeline.gather: when a pipeline all-gathers its fsdp-sharded block weights. "step": the
+    # whole stage once per step, kept for the loop and backward (3 fp32 stage copies at the
+    # peak); "layer": each layer every iteration, forward, stage re-run and a reduce-scatter of
+    # its grads in backward (3·N·lmax layer gathers/scatters instead of 2·R·lmax, one layer live)
+    gather: str = "step"
 
     @property
     def mesh(self) -> dict[str, int]:
@@ -306,7 +312,8 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
             inflight = min(M, S) * (1 + (S - 1) / (S * R) if R > 1 else 1)
             acts = inflight * R * lmax * saved + (live if remat == "full" else 0.0)
         else:
-            acts = (iters + (M if M > S else 0)) * unit + lmax * saved
+            # the (M, mb, T, D) park buffer exists only for R > 1 (pipeline.py: use_buf = R > 1 and M > S)
+            acts = (iters + (M if R > 1 and M > S else 0)) * unit + lmax * saved
             acts += 2 * M * unit  # embedded inputs gathered over pipe + broadcast outputs (b_rep rows)
         passes = 1  # fsdp gathers / grad reductions happen once per step, outside the scan
     else:
@@ -330,12 +337,19 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     head = 2 * T * b * V * 4 / t / s.vocab_chunks * (M * head_rows_share if S > 1 and not mg else 1)
     # logits/log-probs/grad + one layer's activation grads (a pipeline's stage re-run is in `acts`)
     tmp = head + live * (1 if remat != "full" and S == 1 else 0)
-    if f > 1 and S > 1:  # pipeline.py gathers a stage's weights once per step; grads stay unsharded until the end
+    per_layer_gather = S > 1 and s.gather == "layer" and not mg
+    if f > 1 and S > 1 and not per_layer_gather:
+        # pipeline.gather=step gathers a stage's weights once per step; grads stay unsharded until the end.
         # Seen in the buffer assignment (row 10, 1x4x1x2): three fp32 stage-sized copies live at the
         # peak, e.g. f32[1, lmax, D, 3, N, D/N] for c_attn: the all-gather output (gathered dim
         # major), its wrapped_copy to the scan's row-major layout, and the unsharded grad carried
         # by the scan: 3 · 4 · R · lmax · (sharded block params per layer).
         tmp += 12 * R * lmax * sum(full[g] for g in ("attn", "mlp") if sharded[g])
+    elif f > 1 and per_layer_gather:
+        # pipeline.gather=layer: GATHER_LIVE fp32 copies of one layer's gathered weights (gathered,
+        # re-laid out, its unsharded grad before the reduce-scatter), plus the stage re-run's saved
+        # compute-dtype copies of all lmax layers' weights (the backward of each layer's matmuls).
+        tmp += (GATHER_LIVE * 4 + lmax * cb) * sum(full[g] for g in ("attn", "mlp") if sharded[g])
     if S > 1 and R > 1 and not mg:
         tmp += 4 * (L / S) * full_layer  # circular re-layout moves a copy of the stage's block params
     if s.mlp_chunks > 1 and S == 1:
@@ -422,6 +436,13 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
                 add("all-gather", "fsdp", all_gather(f, 4 * n, alpha, bws["fsdp"]), 2 * passes)
                 add("all-reduce", "fsdp", all_reduce(f, 4 * n, alpha, bws["fsdp"]), passes)
                 add("all-reduce", "data", all_reduce(rep[g], 4 * n / f, alpha, bws["data"]), passes)
+            elif per_layer_gather and g != "embed":
+                # pipeline.gather=layer: every iteration gathers its lmax layers in forward and again
+                # in the stage's backward re-run, and reduce-scatters their grads (N iterations,
+                # bubble iterations included: the scan runs them all)
+                n = full[g] * lmax
+                add("all-gather", "fsdp", all_gather(f, 4 * n, alpha, bws["fsdp"]), 2 * iters)
+                add("reduce-scatter", "fsdp", all_gather(f, 4 * n, alpha, bws["fsdp"]), iters)
             else:
                 # ZeRO-3: gather weights for forward (+ again for backward, blocks only, no pipeline),
                 # reduce-scatter grads; per microbatch without a pipeline, once per step with one.
@@ -441,8 +462,9 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         if g == "embed" and not tied_once:
             n += wte * (vc if not sharded[g] else vc - 1)
         n_red = (d if sharded[g] else d * f) * (S if g == "embed" else 1)
-        # pipeline.py psums the gathered (unsharded) stage grads over data, then reduce-scatters
-        shard = f if sharded[g] and not (S > 1 and g != "embed") else 1
+        # pipeline.gather=step psums the gathered (unsharded) stage grads over data, then
+        # reduce-scatters; gather=layer psums the 1/f shards
+        shard = f if sharded[g] and not (S > 1 and g != "embed" and not per_layer_gather) else 1
         bw = bws["data"] if d > 1 else bws["fsdp"] if not sharded[g] else bws["pipe"]
         add("all-reduce", "data", all_reduce(n_red, 4 * n / shard, alpha, bw), passes)
     if S > 1:

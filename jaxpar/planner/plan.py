@@ -35,6 +35,7 @@ def summary(e: Estimate) -> dict[str, Any]:
         "osdp": {g: ("sharded" if s.fsdp > 1 and g not in s.replicated else "replicated") for g in GROUPS},
         "vocab_chunks": s.vocab_chunks,
         "mlp_chunks": s.mlp_chunks,
+        "gather": s.gather,
         "memory_per_device_bytes": int(e.memory["total"]),
         "memory_breakdown_bytes": {k: int(v) for k, v in e.memory.items() if k != "total"},
         "step_time_s": e.step_time_s,
@@ -54,7 +55,8 @@ def strategy_from_summary(d: dict[str, Any]) -> Strategy:
     mesh = d["mesh"]
     rep = tuple(g for g in GROUPS if d.get("osdp", {}).get(g) == "replicated" and mesh["fsdp"] > 1)
     return Strategy(mesh["data"], mesh["fsdp"], mesh["tensor"], mesh["pipe"], d["microbatches"], d["repeats"],
-                    d["remat"], rep, d.get("vocab_chunks", 1), d.get("mlp_chunks", 1))
+                    d["remat"], rep, d.get("vocab_chunks", 1), d.get("mlp_chunks", 1),
+                    gather=d.get("gather", "step"))
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,8 @@ def plan_to_overrides(plan: Plan, n_devices: int, cfg=None) -> dict[str, str]:
            "sharding.replicate": ",".join(replicated if fsdp > 1 else ())}
     if s.pipe > 1:
         out.update({"pipeline.microbatches": s.microbatches, "pipeline.repeats": s.repeats,
-                    "pipeline.schedule": "circular" if s.repeats > 1 else "gpipe", "train.grad_accum": 1})
+                    "pipeline.schedule": "circular" if s.repeats > 1 else "gpipe", "train.grad_accum": 1,
+                    "pipeline.gather": s.gather})
         if s.repeats == 1 and d.get("layers_per_stage"):
             out["pipeline.layers_per_stage"] = "[" + ",".join(str(x) for x in d["layers_per_stage"]) + "]"
     else:

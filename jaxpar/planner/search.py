@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 
 from jaxpar.planner.cost import (
+    GATHER_LIVE,
     GROUPS,
     JAXPAR_ORDER,
     REMAT,
@@ -68,6 +69,7 @@ class SearchSpace:
     order: tuple[str, ...] = JAXPAR_ORDER
     # pipeline engine (cost.Strategy.engine); "megatron" is a what-if jaxpar cannot run
     engine: str = "jaxpar"
+    gathers: tuple[str, ...] = ("step", "layer")  # pipeline.gather values tried (pipe > 1, fsdp > 1)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class Fixed:
     vocab_chunks: int | None = None  # train.vocab_chunks
     mlp_chunks: int | None = None  # train.mlp_chunks
     replicate: tuple[str, ...] | None = None  # sharding.replicate (OSDP groups kept replicated)
+    gather: str | None = None  # pipeline.gather (needs pipe > 1)
 
     @property
     def mesh(self) -> dict[str, int | None]:
@@ -93,7 +96,8 @@ class Fixed:
 
     @property
     def needs_pipeline(self) -> bool:
-        return self.microbatches is not None or self.repeats is not None or self.schedule == "circular"
+        return (self.microbatches is not None or self.repeats is not None or self.schedule == "circular"
+                or self.gather == "layer")
 
     def restrict(self, space: SearchSpace) -> SearchSpace:
         """The search space with the fixed remat / splitting values as its only choices."""
@@ -110,7 +114,7 @@ class Fixed:
                 "microbatches": "pipeline.microbatches", "grad_accum": "train.grad_accum",
                 "repeats": "pipeline.repeats", "schedule": "pipeline.schedule", "remat": "train.remat",
                 "vocab_chunks": "train.vocab_chunks", "mlp_chunks": "train.mlp_chunks",
-                "replicate": "sharding.replicate"}
+                "replicate": "sharding.replicate", "gather": "pipeline.gather"}
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
@@ -184,13 +188,15 @@ def _lower_bound(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec) 
 
 
 def _memory_floor(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec,
-                  replicated: tuple[str, ...] = (), repeats: int = 0, engine: str = "jaxpar") -> float:
+                  replicated: tuple[str, ...] = (), repeats: int = 0, engine: str = "jaxpar",
+                  gather: str = "layer") -> float:
     """Bytes every strategy of this mesh (with these replicated groups and circular repeats; by
     default the most frugal: all groups sharded, no fsdp stage copies) needs at least: fp32
     params, grads and Adam state with the layers split evenly over pipe; with a pipeline also the
     embedded inputs and outputs of the replica's whole batch (2·T·b_rep·D·cb, whatever M is) and,
-    with fsdp, the three fp32 copies of the gathered stage (cost.estimate's temporaries). Megatron's
-    engine (a what-if) keeps only microbatches in flight, so its floor has no batch term."""
+    with fsdp and pipeline.gather=step, the three fp32 copies of the gathered stage (cost.estimate's
+    temporaries; gather=layer, the default floor, keeps one layer). Megatron's engine (a what-if)
+    keeps only microbatches in flight, so its floor has no batch term."""
     d, f, t, p = mesh
     sharded = {g: f > 1 and g not in replicated for g in GROUPS}
     el = group_elems(w.model, t, f, sharded)
@@ -200,12 +206,16 @@ def _memory_floor(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec,
         floor += 0.0 if engine == "megatron" else 2 * w.seq_len * (w.batch_size / (d * f)) * w.model.n_embd * cb
         if repeats and f > 1:
             full = group_elems(w.model, t, 1, {g: False for g in GROUPS})
-            floor += 12 * w.model.n_layer / p * sum(full[g] for g in ("attn", "mlp") if sharded[g])
+            per_layer = sum(full[g] for g in ("attn", "mlp") if sharded[g])
+            # gather=step: 3 fp32 copies of the R·lmax >= L/p stage layers; layer: GATHER_LIVE of one
+            floor += 12 * w.model.n_layer / p * per_layer if gather == "step" else 4 * GATHER_LIVE * per_layer
     return floor
 
 
 def _options(w: Workload, mesh, space: SearchSpace, fixed: Fixed = Fixed()):
-    """Yield (osdp replicated groups, remat, vocab_chunks, mlp_chunks, R, microbatch list)."""
+    """Yield (osdp replicated groups, R, pipeline.gather, microbatch list, [(remat, vocab_chunks,
+    mlp_chunks)]). gather=layer is tried only where it changes something (pipe > 1, fsdp > 1) and
+    is not a dominance coordinate: its data-axis psum of 1/f shards can beat step's on few iterations."""
     d, f, _, p = mesh
     b_rep = w.batch_size // (d * f)
     ms = [k for k in divisors(b_rep) if k <= space.max_microbatches]
@@ -235,8 +245,13 @@ def _options(w: Workload, mesh, space: SearchSpace, fixed: Fixed = Fixed()):
     # pipeline.py rematerialises whole stages itself: inner remat policies change nothing there
     # (Megatron's engine, a what-if, applies them per layer)
     remats = range(len(space.remat)) if p == 1 or space.engine == "megatron" else [0]
-    for rep, r in itertools.product(groups, reps):
-        yield rep, r, ms, list(itertools.product(remats, vcs, mcs))
+    gathers = ["step"]
+    if p > 1 and f > 1 and space.engine != "megatron":
+        gathers = [fixed.gather] if fixed.gather is not None else list(space.gathers)
+    for rep, r, g in itertools.product(groups, reps, gathers):
+        if g == "layer" and all(x in rep for x in ("attn", "mlp")):
+            continue  # no block group sharded over fsdp: nothing to gather, same as step
+        yield rep, r, g, ms, list(itertools.product(remats, vcs, mcs))
 
 
 def _dominated(opt: tuple[int, int, int], fitted: list[tuple[int, int, int]]) -> bool:
@@ -273,8 +288,8 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
             floored += 1
             continue  # nothing on this mesh can fit
         d, f, t, p = mesh
-        for rep, r, ms, opts in _options(w, mesh, space, fixed):
-            if floor_pruning and p > 1 and _memory_floor(w, mesh, dev, rep, r, space.engine) > memory_limit:
+        for rep, r, gather, ms, opts in _options(w, mesh, space, fixed):
+            if floor_pruning and p > 1 and _memory_floor(w, mesh, dev, rep, r, space.engine, gather) > memory_limit:
                 floored += 1
                 continue
             fitted_at: dict[int, list] = {}  # M -> options that fit at that M
@@ -286,7 +301,8 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
                                      (p == 1 and any(_dominated(opt, v) for v in fitted_at.values()))):
                         continue
                     ri, vc, mc = opt
-                    s = Strategy(d, f, t, p, M, r, space.remat[ri], rep, vc, mc, space.order, space.engine)
+                    s = Strategy(d, f, t, p, M, r, space.remat[ri], rep, vc, mc, space.order, space.engine,
+                                 gather)
                     e = estimate(w, s, dev, memory_limit, detail=False)
                     evaluated += 1
                     if lightest is None or e.memory["total"] < lightest.memory["total"]:
@@ -334,7 +350,7 @@ def check_fixed(w: Workload, n_devices: int, fixed: Fixed) -> str | None:
     if p is not None and p > m.n_layer:
         return f"mesh.pipe={p} exceeds model.n_layer={m.n_layer} (every stage needs a layer)"
     if p == 1 and fixed.needs_pipeline:
-        keys = {k: v for k, v in fixed.items().items() if k.startswith("pipeline.") and not v == "gpipe"}
+        keys = {k: v for k, v in fixed.items().items() if k.startswith("pipeline.") and v not in ("gpipe", "step")}
         return f"{' '.join(f'{k}={v}' for k, v in keys.items())} needs a pipeline, but mesh.pipe=1"
     if (fixed.grad_accum or 1) > 1 and ((p or 1) > 1 or fixed.needs_pipeline):
         return (f"train.grad_accum={fixed.grad_accum} with a pipeline is not modelled: a pipeline accumulates "
