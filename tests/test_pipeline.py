@@ -33,9 +33,14 @@ CASES = {
     # the chunked MLP's scan inside the pipeline's shard_map (its carry once failed to trace there);
     # compared with the plain single-device model: chunking is exact to 1e-6 (jaxpar.tolerances)
     "pipe=2/gpipe,mlp_chunks=2": ({"pipe": 2}, {"microbatches": 4}, 4, {"mlp_chunks": 2}),
+    # pipeline.gather=layer: fsdp weights gathered per layer inside the checkpointed stage (their
+    # grads reduce-scattered per iteration, the data psum on the 1/f shards), circular schedule
+    "data=2,fsdp=2,pipe=2/circular-R2,gather=layer": ({"data": 2, "fsdp": 2, "pipe": 2},
+                                                      {"microbatches": 2, "schedule": "circular", "repeats": 2,
+                                                       "gather": "layer"}, 4),
 }
 # 2×2×2 is also checked end to end (jaxpar train == one device) in test_pipeline_cli.py.
-FAST = ("pipe=4/circular-R2", "pipe=2/gpipe,mlp_chunks=2")
+FAST = ("pipe=4/circular-R2", "pipe=2/gpipe,mlp_chunks=2", "data=2,fsdp=2,pipe=2/circular-R2,gather=layer")
 
 
 def tiny(n_layer: int):
@@ -246,7 +251,9 @@ def trained_fast(tmp_path_factory):
 def test_pipelined_training_matches_single_device(trained_fast, name):
     _check(trained_fast[name])
     # the stacked layers dim is stored over pipe (GPipe stage s holds exactly its own layers)
-    assert trained_fast[name]["c_fc_spec"] == ("P('pipe', None, 'tensor')" if "tensor" in name else "P('pipe', None, None)")
+    # (layers, embed, mlp): embed over fsdp (ZeRO-3), mlp over tensor
+    want = f"P('pipe', {repr('fsdp') if 'fsdp' in name else None}, {repr('tensor') if 'tensor' in name else None})"
+    assert trained_fast[name]["c_fc_spec"] == want
 
 
 @pytest.mark.slow

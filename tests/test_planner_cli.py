@@ -120,6 +120,12 @@ def test_plan_with_selective_splitting_and_osdp_applies(tmp_path):
                                "mesh.fsdp")} == {"train.remat": "selective", "train.vocab_chunks": "8",
                                                  "train.mlp_chunks": "4", "sharding.replicate": "embed,mlp",
                                                  "mesh.fsdp": "4"}
+    # a pipelined plan carries pipeline.gather into the train config
+    plan.data.update({"mesh": {"data": 1, "fsdp": 2, "tensor": 1, "pipe": 4}, "microbatches": 2, "repeats": 1,
+                      "gather": "layer", "osdp": {g: "sharded" for g in ("embed", "attn", "mlp")}})
+    ov = plan_to_overrides(plan, 8)
+    assert (ov["pipeline.gather"], ov["mesh.pipe"]) == ("layer", "4")
+    assert validate(apply_overrides(Config(), ov)).pipeline.gather == "layer"
     plan.data.update({"mlp_chunks": 3})
     with pytest.raises(ConfigError) as e:
         plan_to_overrides(plan, 8)
@@ -177,6 +183,11 @@ def test_fixed_keys_narrow_the_search(tmp_path, capsys):
     assert main(BASE + ["pipeline.microbatches=4", f"out={tmp_path}/q.json", "--json"]) == 0
     obj = json.loads(capsys.readouterr().out)
     assert all(r["mesh"]["pipe"] > 1 and r["microbatches"] == 4 for r in [obj] + obj["candidates"])
+    # pipeline.gather=layer keeps pipeline meshes only, each costed with per-layer gathers
+    assert main(BASE + ["pipeline.gather=layer", "mesh.fsdp=2", f"out={tmp_path}/g.json", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["fixed"] == {"mesh.fsdp": "2", "pipeline.gather": "layer"}
+    assert all(r["mesh"]["pipe"] > 1 and r["gather"] == "layer" for r in [obj] + obj["candidates"])
     # gradient accumulation keeps pipeline-free meshes
     assert main(BASE + ["train.grad_accum=2", f"out={tmp_path}/r.json", "--json"]) == 0
     obj = json.loads(capsys.readouterr().out)
@@ -198,6 +209,13 @@ def test_everything_fixed_is_a_what_if_with_breakdown(tmp_path, capsys):
     assert obj["step_time_s"] == e.step_time_s and obj["memory_per_device_bytes"] == int(e.memory["total"])
     assert obj["collectives"]["tensor all-reduce"]["bytes"] == int(e.collectives["tensor all-reduce"][1])
     assert obj["bubble"] == pytest.approx(1 / (2 * 4 + 1))  # (S-1)/(R·M+S-1)
+    # the same with fsdp and per-layer gathers (pipeline.gather=layer)
+    zero3 = [a.replace("mesh.data=2", "mesh.fsdp=2").replace("mesh.fsdp=1", "mesh.data=1") for a in fixed]
+    assert main(BASE + zero3 + ["pipeline.gather=layer", f"out={tmp_path}/z.json", "--json"]) == 0
+    z = json.loads(capsys.readouterr().out)
+    ez = estimate(w, Strategy(1, 2, 2, 2, 4, 2, "none", gather="layer"), get_device("h100"))
+    assert z["search"]["evaluated"] == 1 and z["gather"] == "layer"
+    assert z["step_time_s"] == ez.step_time_s and z["memory_per_device_bytes"] == int(ez.memory["total"])
     # the human form prints the same figures, one line per collective
     assert main(BASE + fixed + [f"out={tmp_path}/p.json"]) == 0
     text = capsys.readouterr().out
@@ -239,6 +257,8 @@ def test_fixed_config_over_memory_names_the_resource(tmp_path, capsys):
      "error: mesh.data=2 mesh.fsdp=2 mesh.tensor=1 mesh.pipe=1 needs 4 devices, but devices=8"),
     (["mesh.tensor=8"], "error: mesh.tensor=8 does not divide model.n_head=12 (tensor parallelism splits it)"),
     (["mesh.pipe=1", "pipeline.microbatches=4"], "error: pipeline.microbatches=4 needs a pipeline, but mesh.pipe=1"),
+    (["mesh.pipe=1", "pipeline.gather=layer"], "error: pipeline.gather=layer needs a pipeline, but mesh.pipe=1"),
+    (["pipeline.gather=stage"], "error: pipeline.gather='stage' must be one of step, layer"),
     (["mesh.pipe=8", "pipeline.repeats=4"],
      "error: mesh.pipe=8 × pipeline.repeats=4 = 32 virtual stages do not divide model.n_layer=12"),
     (["pipeline.schedule=gpipe", "pipeline.repeats=2"],

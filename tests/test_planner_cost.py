@@ -270,3 +270,47 @@ def test_gpipe_ppermute_bytes_closed_form():
     m = ModelConfig(n_layer=4, n_embd=1024, n_head=16, vocab_size=32768, n_positions=1024)
     cb = estimate(Workload(m, 16, 1024), Strategy(pipe=4, microbatches=4), H100).comm_bytes
     assert cb["ppermute"] == 2 * 7 * (4 * 1024 * 1024 * 2)
+
+
+def test_pipeline_gather_per_layer_closed_form():
+    """pipeline.gather=layer vs step on fsdp=4 × pipe=2 (H100, bf16), M=4, L=4 (lmax=2 layers per
+    stage), by hand: step gathers the stage's R·lmax block weights once per step and reduce-
+    scatters their grads once, keeping three fp32 stage copies; layer gathers lmax layers every
+    one of the N = M + S - 1 = 5 iterations in forward and again in the stage re-run, reduce-
+    scatters them every iteration, and keeps three fp32 copies of one layer plus lmax bf16 copies
+    (the re-run's saved weights). Ring (f-1)/f of fp32 bytes; GPT-2 block = 12 D² + 13 D."""
+    m = ModelConfig(n_layer=4, n_embd=1024, n_head=16, vocab_size=32768, n_positions=1024)
+    D, lmax, N = m.n_embd, 2, 5
+    block = 12 * D * D + 13 * D
+    ring = 3 / 4 * 4
+    w = Workload(m, 16, 1024)
+    step = estimate(w, Strategy(data=2, fsdp=4, pipe=2, microbatches=4), H100)
+    layer = estimate(w, Strategy(data=2, fsdp=4, pipe=2, microbatches=4, gather="layer"), H100)
+    assert step.collectives["fsdp all-gather"][1] - layer.collectives["fsdp all-gather"][1] == pytest.approx(
+        ring * block * lmax * (1 - 2 * N), rel=1e-12)
+    assert step.collectives["fsdp reduce-scatter"][1] - layer.collectives["fsdp reduce-scatter"][1] == pytest.approx(
+        ring * block * lmax * (1 - N), rel=1e-12)
+    # data psum: step sums the gathered stage grads, layer the 1/f shards (ring over d=2: 1× bytes)
+    assert step.collectives["data all-reduce"][1] - layer.collectives["data all-reduce"][1] == pytest.approx(
+        4 * block * lmax * (1 - 1 / 4), rel=1e-12)
+    assert step.memory["temporaries"] - layer.memory["temporaries"] == pytest.approx(
+        (12 * lmax - 3 * 4 - lmax * 2) * block, rel=1e-12)
+    assert step.memory["activations"] == layer.memory["activations"]
+    assert layer.step_time_s > step.step_time_s  # 2N+N layer rounds instead of 2: slower here
+    # without fsdp there is nothing to gather: the two are the same estimate
+    a, b = (estimate(w, Strategy(data=8, pipe=2, microbatches=4, gather=g), H100) for g in ("step", "layer"))
+    assert (a.memory, a.step_time_s) == (b.memory, b.step_time_s)
+
+
+def test_pipeline_park_buffer_only_with_repeats():
+    """pipeline.py parks stage S-1's outputs in an (M, mb, T, D) buffer only when R > 1 and M > S:
+    GPipe (R = 1) with M = 8 > S = 2 keeps N = M + S - 1 stage inputs; the circular schedule
+    (R = 2) keeps its N = (R-1)·M + M + S - 1 plus the M-slot buffer; both hold the replica
+    batch's embedded inputs and outputs (2·M units) and one stage's residuals during its re-run."""
+    m = ModelConfig(n_layer=4, n_embd=256, n_head=4, vocab_size=1024, n_positions=256)
+    w = Workload(m, 16, 256, "fp32")  # fp32: no saved bf16 weight casts beside the activations
+    unit = 256 * (16 / 8) * 256 * 4  # one (b, T, D) fp32 microbatch, b = 16 / 8 rows
+    g, c = (estimate(w, Strategy(pipe=2, microbatches=8, repeats=r), H100) for r in (1, 2))
+    sv = layer_activation_bytes(w, 2, 1, "none", 1)[0]
+    assert g.memory["activations"] == pytest.approx((9 + 2 * 8) * unit + 2 * sv, rel=1e-12)
+    assert c.memory["activations"] == pytest.approx((17 + 8 + 2 * 8) * unit + 1 * sv, rel=1e-12)

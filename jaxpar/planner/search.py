@@ -246,10 +246,12 @@ def _options(w: Workload, mesh, space: SearchSpace, fixed: Fixed = Fixed()):
     # (Megatron's engine, a what-if, applies them per layer)
     remats = range(len(space.remat)) if p == 1 or space.engine == "megatron" else [0]
     gathers = ["step"]
-    if p > 1 and f > 1 and space.engine != "megatron":
-        gathers = [fixed.gather] if fixed.gather is not None else list(space.gathers)
+    if p > 1 and fixed.gather is not None:
+        gathers = [fixed.gather]  # kept as the user spelt it (without fsdp both cost the same)
+    elif p > 1 and f > 1 and space.engine != "megatron":
+        gathers = list(space.gathers)
     for rep, r, g in itertools.product(groups, reps, gathers):
-        if g == "layer" and all(x in rep for x in ("attn", "mlp")):
+        if g == "layer" and fixed.gather is None and all(x in rep for x in ("attn", "mlp")):
             continue  # no block group sharded over fsdp: nothing to gather, same as step
         yield rep, r, g, ms, list(itertools.product(remats, vcs, mcs))
 
