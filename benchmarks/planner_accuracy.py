@@ -55,7 +55,7 @@ CONFIGS = [
     # pipeline.gather=layer: fsdp weights gathered per layer inside the stage (issue 15)
     ((1, 4, 1, 2), "fp32", False, 1, 2, 1, {"gather": "layer"}),
     ((2, 2, 1, 2), "bf16", False, 1, 2, 1, {"gather": "layer"}),
-    ((1, 2, 1, 2), "fp32", False, 1, 2, 2, {"gather": "layer"}),
+    ((2, 2, 1, 2), "fp32", False, 1, 2, 2, {"gather": "layer"}),
 ]
 KINDS = {"all-reduce": "all-reduce", "all-gather": "all-gather", "reduce-scatter": "reduce-scatter",
          "ppermute": "collective-permute", "all-to-all": "all-to-all"}  # all-to-all: not predicted

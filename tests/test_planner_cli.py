@@ -43,7 +43,7 @@ def test_human_table(tmp_path, capsys):
     (["bogus=1"], ("error: unknown key 'bogus' (valid: model, model.*, train.batch_size, train.seq_len, precision, "
                    "device.*, devices, device, memory_limit, out, sweep, top, space, attention, mesh.data, mesh.fsdp, "
                    "mesh.tensor, mesh.pipe, pipeline.microbatches, pipeline.schedule, pipeline.repeats, "
-                   "train.grad_accum, train.remat, train.vocab_chunks, train.mlp_chunks, sharding.replicate)")),
+                   "train.grad_accum, train.remat, train.vocab_chunks, train.mlp_chunks, sharding.replicate, pipeline.gather)")),
     (["devices=0"], "error: devices=0 must be >= 1"),
     (["device=tpu"], "error: device='tpu' is not known (choose from cpu, a100-40g, a100-80g, h100, h200)"),
     (["memory_limit=big"], "error: memory_limit='big' is not a size (e.g. 16GB, 40GiB, 1.6e10)"),
