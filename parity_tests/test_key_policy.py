@@ -23,6 +23,7 @@ SAMPLE = {
     "model.attention": "xla",
     "mesh.data": "2", "mesh.fsdp": "2", "mesh.tensor": "2", "mesh.pipe": "2", "pipeline.microbatches": "2",
     "pipeline.schedule": "circular", "pipeline.repeats": "2", "pipeline.layers_per_stage": "1,1",
+    "pipeline.gather": "layer",
     "train.steps": "7", "train.batch_size": "16", "train.seq_len": "16", "train.lr": "1e-3", "train.min_lr_ratio": "0.5",
     "train.warmup_steps": "3", "train.weight_decay": "0.01", "train.beta1": "0.8", "train.beta2": "0.99",
     "train.eps": "1e-6", "train.grad_clip": "0.5", "train.grad_accum": "2", "train.eval_every": "5",
@@ -156,6 +157,7 @@ CHECKED_ELSEWHERE = {
     "tokenizer": "examples read prepared token dirs; raw text goes through gpt2common.data in both (test_data.py)",
     "precision": "fp32 here; the bf16 rows of the matrix (parity_tests/matrix.py)",
     "init": "test_property_parity.test_default_train_settings_from_one_hf_init and every matrix row",
+    "pipeline.gather": "torchref has no pipeline; gather=layer vs one device in tests/test_pipeline.py",
 }
 
 
