@@ -128,7 +128,7 @@ def brief(e) -> dict | None:
     s = e.strategy
     return {"mesh": s.mesh, "microbatches": s.microbatches, "repeats": s.repeats, "remat": s.remat,
             "replicated": list(s.replicated), "vocab_chunks": s.vocab_chunks, "mlp_chunks": s.mlp_chunks,
-            "order": list(s.order), "engine": s.engine, "mfu": e.mfu, "step_time_s": e.step_time_s, "compute_s": e.compute_s,
+            "order": list(s.order), "engine": s.engine, "gather": s.gather, "mfu": e.mfu, "step_time_s": e.step_time_s, "compute_s": e.compute_s,
             "bubble": e.bubble, "comm_s": e.comm_s, "memory_gib": e.memory["total"] / 2**30,
             "memory_breakdown_gib": {k: v / 2**30 for k, v in e.memory.items() if k != "total"}}
 
@@ -320,7 +320,8 @@ def markdown_2022(rows: list[dict]) -> str:
             f"| {e['memory_gib']:.0f} GiB | {100 * j['mfu']:.1f}% ({j['remat']}) | {100 * x['err_jaxpar']:+.0f}% "
             f"| {j['memory_gib']:.0f} GiB "
             + (f"| {_mesh(pk['mesh'])} {pk['remat']} M={pk['microbatches']}"
-               + (f" R={pk['repeats']}" if pk["mesh"]["pipe"] > 1 else "") + f" | {100 * pk['mfu']:.1f}% "
+               + (f" R={pk['repeats']}" if pk["mesh"]["pipe"] > 1 else "")
+               + (" gather=layer" if pk.get("gather") == "layer" else "") + f" | {100 * pk['mfu']:.1f}% "
                if pk else "| nothing fits 80 GiB | — ")
             + f"| {'yes' if x['pick_no_slower_than_published_jaxpar'] else 'no'} "
             + f"| {'yes' if x['pick_no_slower_than_published_megatron_engine'] else 'no'} "
@@ -332,7 +333,8 @@ def _pick(pk: dict | None) -> str:
     if not pk:
         return "nothing fits 80 GiB"
     return (f"{_mesh(pk['mesh'])} {pk['remat']} M={pk['microbatches']}"
-            + (f" R={pk['repeats']}" if pk["mesh"]["pipe"] > 1 else "") + f", {100 * pk['mfu']:.1f}%")
+            + (f" R={pk['repeats']}" if pk["mesh"]["pipe"] > 1 else "")
+            + (" gather=layer" if pk.get("gather") == "layer" else "") + f", {100 * pk['mfu']:.1f}%")
 
 
 def _mesh(m: dict) -> str:
@@ -369,7 +371,8 @@ def markdown(rows: list[dict], dev) -> str:
             f"| {_pick(x['pick_megatron_engine'])} | {'yes' if x['pick_megatron_engine_no_slower'] else 'no'} "
             f"| {100 * x['published_jaxpar_placement']['mfu']:.1f}% "
             + (f"| {_mesh(pk['mesh'])} {pk['remat']} M={pk['microbatches']}"
-               + (f" R={pk['repeats']}" if pk["mesh"]["pipe"] > 1 else "") + f" | {100 * pk['mfu']:.1f}% "
+               + (f" R={pk['repeats']}" if pk["mesh"]["pipe"] > 1 else "")
+               + (" gather=layer" if pk.get("gather") == "layer" else "") + f" | {100 * pk['mfu']:.1f}% "
                if pk else "| nothing fits 80 GiB | — ")
             + f"| {'yes' if x['pick_no_slower_than_published_jaxpar_placement'] else 'no'} "
             + (f"| {_mesh(x['pick_published_placement']['mesh'])} {100 * x['pick_published_placement']['mfu']:.1f}% "
