@@ -24,6 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxpar.activations import gelu_tanh
 from jaxpar.logical import constrain
 from jaxpar.precision import FP32, add_bias
 
@@ -77,7 +78,7 @@ def chunked_mlp(x, w_fc, b_fc, w_proj, b_proj, chunks: int, policy=FP32):
     def body(acc, w):
         wf_c, bf_c, wp_c = w
         h = policy.linear("btd,df->btf", x, wf_c, bf_c)
-        h = constrain(jax.nn.gelu(h, approximate=True), ("batch", "seq", "mlp"))
+        h = constrain(gelu_tanh(h), ("batch", "seq", "mlp"))
         return acc + policy.einsum("btf,fd->btd", h, wp_c), None  # fp32 partial sum
 
     # zeros_like, not zeros: inside the pipeline's shard_map x varies over the manual axes and the

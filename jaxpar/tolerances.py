@@ -74,6 +74,10 @@ TABLE: dict[str, Bound] = {
                                              "bitwise equal, each row meets the same block code in the same order; "
                                              "the pipelined training steps are under sharded.fp32.* (measured "
                                              "2.1e-7 loss, 9.1e-7 grad for pipe=4 circular R=2)"),
+    # tests/test_activations.py: the GELU with a hand-written backward.
+    "gelu.fp32.grad": Bound(1e-5, 3.14e-6, "jaxpar.activations.gelu_tanh's hand-written derivative vs the "
+                            "float64 one, inf relative, 65536 fp32 inputs ~ N(0, 16); jax's autodiff of "
+                            "jax.nn.gelu measures the same 3.14e-6 (fp32 rounding of x^3 near |x| ~ 3)"),
     # tests/test_ops.py: operator splitting (vocab / mlp chunks) and remat vs the plain model, one device.
     "chunked.fp32.loss": Bound(4e-7, 1.04e-7, "loss, worst of 4 (remat, vocab_chunks, mlp_chunks) settings: only "
                                               "the order of the chunk sums changes"),

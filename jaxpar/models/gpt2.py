@@ -32,6 +32,7 @@ from flax import nnx
 
 from gpt2common.init import init_params, param_shapes  # noqa: F401  (numpy, shared with torchref)
 from jaxpar import ops
+from jaxpar.activations import gelu_tanh
 from jaxpar.config import ModelConfig
 from jaxpar.logical import constrain
 from jaxpar.precision import Policy, get_policy
@@ -179,7 +180,7 @@ class MLP(nnx.Module):
                                 self.chunks, pol)
             return _dropout(y, self.dropout, key)
         h = pol.linear("btd,df->btf", x, self.c_fc_w[...], self.c_fc_b[...])
-        h = constrain(jax.nn.gelu(h, approximate=True), ("batch", "seq", "mlp"))
+        h = constrain(gelu_tanh(h), ("batch", "seq", "mlp"))  # fp32 math, saves only h: jaxpar.activations
         y = pol.linear("btf,fd->btd", h, self.c_proj_w[...], self.c_proj_b[...])
         return _dropout(y, self.dropout, key)
 
