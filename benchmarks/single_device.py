@@ -234,14 +234,18 @@ def run_config(args, dims, precisions, impls, native_bf16) -> dict:
                   file=sys.stderr, flush=True)
 
     times: dict[str, list[float]] = {n: [] for n in contenders}
+    # process CPU time (all threads) per step: on a shared box other jobs stretch wall time far
+    # more than the CPU time a step burns, so this is the steadier A/B figure there
+    cpu: dict[str, list[float]] = {n: [] for n in contenders}
     for r in range(args.rounds):
         # Rotate the start so no contender always runs right after the same neighbour.
         names = list(contenders)
         names = names[r % len(names):] + names[: r % len(names)]
         for n in names:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             contenders[n]()
             times[n].append(time.perf_counter() - t0)
+            cpu[n].append(time.process_time() - c0)
 
     tokens = batch * seq
     fpt = mc.flops_per_token(seq)
@@ -251,7 +255,8 @@ def run_config(args, dims, precisions, impls, native_bf16) -> dict:
         q = np.percentile(ts, [10, 90]) if len(ts) > 1 else (ts[0], ts[0])
         results[n] = {"median_s": med, "p10_s": float(q[0]), "p90_s": float(q[1]), "times_s": ts,
                       "tokens_per_s": tokens / med, "gflops_per_s": fpt * tokens / med / 1e9,
-                      "first_step_s": compile_s[n], "first_loss": first_loss[n]}
+                      "first_step_s": compile_s[n], "first_loss": first_loss[n],
+                      "cpu_median_s": statistics.median(cpu[n])}
     ratios = {}
     for prec in precisions:
         j = results.get(f"jaxpar/{prec}")

@@ -34,6 +34,8 @@ def test_single_device_benchmark_micro(tmp_path):
     assert set(rep["results"]) == {"jaxpar/fp32", "torch_eager/fp32", "jaxpar/bf16", "torch_eager/bf16"}
     for r in rep["results"].values():
         assert len(r["times_s"]) == 2 and r["median_s"] > 0 and r["tokens_per_s"] > 0
+        # per-step CPU time (not the process's running total): at most every core busy for the step
+        assert 0 < r["cpu_median_s"] <= max(r["times_s"]) * os.cpu_count() * 1.05
     assert set(rep["ratios"]) == {"fp32/vs_torch_eager", "bf16/vs_torch_eager", "bf16/vs_jaxpar_fp32"}
     assert all(math.isfinite(v) and v > 0 for v in rep["ratios"].values())
     # Same weights and batch on both sides: identical first loss in fp32 (~ln 64), close in bf16.
