@@ -121,6 +121,10 @@ def make_loss_fn(cfg: Config, mesh) -> Callable:
         from jaxpar.parallel.pipeline import make_pipeline_loss_fn
 
         return make_pipeline_loss_fn(cfg, mesh)
+    from jaxpar.parallel import fsdp
+
+    if fsdp.applies(cfg, mesh):  # ZeRO-3 with explicit reduce-scatters: jaxpar.parallel.fsdp
+        return fsdp.make_fsdp_loss_fn(cfg, mesh)
     policy, mc = get_policy(cfg.precision), cfg.model
     rules = shd.activation_rules(cfg.mesh)
     groups = tied.groups_for(mesh)
