@@ -241,29 +241,57 @@ def memory_per_device(compiled) -> dict[str, int]:
 def theory_bytes(cfg) -> dict[str, float]:
     """Textbook per-device bytes per step for the mesh in `cfg` (sizes already resolved).
 
-    dp:   ring all-reduce of fp32 grads over `data`: 2(d-1)/d · Ψ_local · 4, where
-          Ψ_local = Ψ / tensor-split / fsdp (what each data replica reduces).
-    fsdp: ZeRO-3 over `fsdp`: all-gather params in forward and again in backward, reduce-
-          scatter grads: 3(f-1)/f · Ψ_t · 4 (Ψ_t = params after the tensor split).
+    Ψ_t = params after the tensor split, = Ψ_blocks (the L stacked layers) + Ψ_outer (wte
+    (V/t, D), wpe (P, D), ln_f); S = pipe stages (1 without a pipeline); fp32 grads (4 bytes).
+
+    dp:   ring all-reduce of the grads over `data`: 2(d-1)/d · Ψ_local · 4, Ψ_local = what one
+          data replica reduces = Ψ_t / fsdp, blocks also / S (each stage reduces its own
+          layers). With a pipeline the embedding rows are split over data·pipe too, so Ψ_outer
+          is reduced over d·S devices: 2(dS-1)/(dS) · Ψ_outer/f · 4.
+    fsdp: ZeRO-3 over `fsdp` (jaxpar.parallel.fsdp): each layer all-gathered in forward and
+          again in backward, its grad reduce-scattered: 3(f-1)/f · Ψ_blocks · 4; wte/wpe/ln_f
+          gathered once and kept (the head's backward follows its forward), reduce-scattered:
+          2(f-1)/f · Ψ_outer · 4. In a pipeline a stage gathers its layers once per step
+          (before the schedule's loop) and reduce-scatters their summed grads once:
+          2(f-1)/f · Ψ_blocks/S · 4.
     tp:   Megatron: 4 all-reduces of (b, s, h) per layer per microbatch (2 forward, 2
-          backward): 8·b·s·h·(t-1)/t · L · bytes(activation) · microbatches, b = rows per
-          data replica per microbatch.
+          backward), plus the vocab-parallel embedding's output (forward) and the head's
+          input grad (backward): (4L + 2) · 2(t-1)/t · b·s·h · bytes(activation) · microbatches,
+          b = rows per data replica per microbatch.
+    pipe: activations sent stage to stage: every iteration of the schedule's loop (N =
+          n_iterations(S, M, R) = M + S - 1 for GPipe) each stage ppermutes one (b, s, h)
+          microbatch forward, and its transpose sends the cotangent back in backward:
+          2·N · b·s·h · bytes(activation). Plus the loop's ends: the embedded (B/(d·f), s, h)
+          rows are all-gathered over pipe for stage 0 and stage S-1's outputs all-reduced back
+          (fp32), each transposed in backward: 2 · (1 + 2)(S-1)/S · B/(d·f)·s·h · 4.
     """
     from jaxpar.config import MeshConfig
     from jaxpar.sharding import local_shard_elements
 
     m, mc, tc = cfg.model, cfg.mesh, cfg.train
-    d, f, t = mc.data, mc.fsdp, mc.tensor
+    d, f, t, S = mc.data, mc.fsdp, mc.tensor, mc.pipe
     psi = local_shard_elements(m, MeshConfig())
     psi_t = local_shard_elements(m, MeshConfig(tensor=t))
+    outer = m.vocab_size * m.n_embd / t + m.n_positions * m.n_embd + 2 * m.n_embd  # wte, wpe, ln_f
+    blocks = psi_t - outer
     act = 2 if cfg.precision == "bf16" else 4
-    micro = tc.grad_accum * (cfg.pipeline.microbatches if mc.pipe > 1 else 1)
+    micro = tc.grad_accum * (cfg.pipeline.microbatches if S > 1 else 1)
     b = tc.batch_size // (d * f * micro)
+    rows = tc.batch_size // (d * f * tc.grad_accum)  # per data replica per optimizer microstep
+    unit = b * tc.seq_len * m.n_embd  # one microbatch's (b, s, h) activation elements
+    ring = lambda n: (n - 1) / n  # noqa: E731
     out = {"params": float(psi), "params_per_tensor_shard": float(psi_t),
-           "dp": 2.0 * (d - 1) / d * psi_t / f * 4 if d > 1 else 0.0,
-           "fsdp": 3.0 * (f - 1) / f * psi_t * 4 if f > 1 else 0.0,
-           "tp": 8.0 * b * tc.seq_len * m.n_embd * (t - 1) / t * m.n_layer * act * micro if t > 1 else 0.0}
-    out["total"] = out["dp"] + out["fsdp"] + out["tp"]
+           "dp": 2.0 * ring(d) * blocks / (S * f) * 4 + 2.0 * ring(d * S) * outer / f * 4,
+           "fsdp": ring(f) * 4 * ((3.0 if S == 1 else 2.0 / S) * blocks + 2.0 * outer),
+           "tp": 2.0 * ring(t) * (4 * m.n_layer + 2) * unit * act * micro,
+           "pipe": 0.0}
+    if S > 1:
+        from jaxpar.parallel.pipeline import n_iterations
+
+        N = n_iterations(S, cfg.pipeline.microbatches, cfg.pipeline.repeats)
+        ends = 2.0 * 3.0 * ring(S) * rows * tc.seq_len * m.n_embd * 4
+        out["pipe"] = (2.0 * N * unit * act + ends) * tc.grad_accum
+    out["total"] = out["dp"] + out["fsdp"] + out["tp"] + out["pipe"]
     return out
 
 
@@ -326,7 +354,7 @@ def format_report(cfg, info: dict) -> str:
                          f"{_mib(d['wire_bytes']):>16}")
     lines.append(f"  {'total':<20}{'':>5}{'':>12}{_mib(coll['total_payload_bytes']):>16}"
                  f"{_mib(coll['total_wire_bytes']):>16}")
-    parts = ", ".join(f"{k} {_mib(th[k])}" for k in ("dp", "fsdp", "tp") if th[k])
+    parts = ", ".join(f"{k} {_mib(th[k])}" for k in ("dp", "fsdp", "tp", "pipe") if th[k])
     ratio = info["ratio"]
     lines.append(f"theory: {parts or 'no collectives (single device)'}; total {_mib(th['total'])}"
                  + (f"; measured/theory = {ratio:.3f}" if ratio is not None else ""))
