@@ -5,7 +5,8 @@
 
 Compile-only (nothing is allocated), so full-size models fit on a laptop. Per strategy it
 prints per-device wire bytes per kind (ring model, see `jaxpar.inspect`), the theory
-(DP 2(N-1)/N·Ψ, ZeRO-3 3(N-1)/N·Ψ, Megatron 8·b·s·h·(t-1)/t per layer), their ratio, and
+(DP 2(N-1)/N·Ψ, ZeRO-3 3(N-1)/N·Ψ, Megatron 8·b·s·h·(t-1)/t per layer, pipeline
+ppermutes 2·N_iter·b·s·h; exact terms in `jaxpar.inspect.theory_bytes`), their ratio, and
 the largest measured ops, so every excess can be traced to an op. The vocabulary is padded
 to 50304 (as nanoGPT does) because 50257 is not divisible by any tensor size.
 """
@@ -24,17 +25,20 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxpar.config import PRESETS, Config, TrainConfig  # noqa: E402
+from jaxpar.config import PRESETS, Config, MeshConfig, PipelineConfig, TrainConfig  # noqa: E402
 from jaxpar.inspect import COLLECTIVES, collective_bytes, compile_step, memory_per_device, theory_bytes  # noqa: E402
 from jaxpar.sharding import STRATEGIES  # noqa: E402
 
 MiB = 2**20
+# pipelined rows (GPipe, 4 microbatches per data replica): (mesh, microbatches)
+PIPE_STRATEGIES = {"pp": (MeshConfig(data=2, pipe=4), 4), "dp_fsdp_pp": (MeshConfig(data=2, fsdp=2, pipe=2), 4)}
 
 
 def measure(model: str, strategy: str, batch: int, seq: int, precision: str) -> dict:
     m = dataclasses.replace(PRESETS[model], vocab_size=50304)
-    cfg = Config(model=m, model_name=model, mesh=STRATEGIES[strategy], precision=precision,
-                 train=TrainConfig(batch_size=batch, seq_len=seq))
+    mesh, micro = PIPE_STRATEGIES.get(strategy, (STRATEGIES.get(strategy), 1))
+    cfg = Config(model=m, model_name=model, mesh=mesh, precision=precision,
+                 train=TrainConfig(batch_size=batch, seq_len=seq), pipeline=PipelineConfig(microbatches=micro))
     t0 = time.perf_counter()
     compiled, trainer = compile_step(cfg)
     coll = collective_bytes(compiled.as_text())
@@ -50,7 +54,7 @@ def measure(model: str, strategy: str, batch: int, seq: int, precision: str) -> 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="gpt2,gpt2-medium")
-    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--strategies", default=",".join([*STRATEGIES, *PIPE_STRATEGIES]))
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--precision", default="fp32")
@@ -67,7 +71,7 @@ def main() -> None:
             r = measure(model, s, a.batch, a.seq, a.precision)
             rows.append(r)
             mm, th = r["measured"], r["theory"]
-            parts = ", ".join(f"{k} {th[k] / MiB:.1f}" for k in ("dp", "fsdp", "tp") if th[k])
+            parts = ", ".join(f"{k} {th[k] / MiB:.1f}" for k in ("dp", "fsdp", "tp", "pipe") if th[k])
             print(f"{model:<12}{s:<12}" + "".join(f"{mm[k] / MiB:>{w}.1f}" for k, w in zip(COLLECTIVES, (11, 11, 9, 9, 9)))
                   + f"{mm['total'] / MiB:>10.1f}{th['total'] / MiB:>10.1f}{r['ratio']:>7.3f}  {parts}", flush=True)
             if a.top:

@@ -1,10 +1,18 @@
-"""Data-parallel collective bytes per step, from the compiled HLO, against ring all-reduce theory.
+"""Collective bytes per step, from the compiled HLO, against the textbook theory
+(`jaxpar.inspect.theory_bytes`), on 8 emulated devices. Compile only, nothing runs.
 
-The step on 8 emulated devices (mesh.data=8) must move at most 1.05x the textbook
-2(N-1)/N·Ψ·4 bytes per device: every fp32 gradient reduced once. The tied wte (V, D)
-gradient reduced once per use (lookup and head, the old behaviour) gives 1.24x here, so the
-vocab is 1024 (wte is 23% of Ψ) to make that visible. seq_len = n_positions, so the whole
-wpe table gets a gradient and Ψ counts only reduced parameters. Compile only, nothing runs.
+* data=8: every fp32 gradient reduced once, 2(N-1)/N·Ψ·4 per device. The tied wte (V, D)
+  gradient reduced once per use (lookup and head, the old behaviour) gives 1.24x here, so the
+  vocab is 1024 (wte is 23% of Ψ) to make that visible.
+* fsdp=8 and (slow) data=2 x fsdp=2 x tensor=2: ZeRO-3 (jaxpar.parallel.fsdp) gathers each layer in
+  forward and again in backward and reduce-scatters its gradient, wte/wpe/ln_f gathered once.
+  The old auto-sharded step all-reduced the full gradient over fsdp and sliced it (XLA:CPU
+  has no ReduceScatterCreator): 1.23x on GPT-2 124M; a per-use wte reduction or an all-reduce
+  in place of a reduce-scatter shows here as a ratio above 1.05 or reduce-scatter bytes below
+  the gradient's.
+seq_len = n_positions, so the whole wpe table gets a gradient and Ψ counts only reduced
+parameters. All configurations compile in one subprocess (the device count must be set before
+JAX initialises).
 """
 
 import json
@@ -12,32 +20,78 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PSI = 536_064  # gpt2-tiny params with V=1024, P=64 (D=128, L=2)
+OUTER = 1024 * 128 + 64 * 128 + 2 * 128  # wte, wpe, ln_f
+NO_EMBED = 2 * (3 * 128 + 512)  # c_attn.bias (L, 3, N, Hd) and c_fc.bias (L, F): no embed dim, not fsdp-sharded
+MESHES = {"data=8": {"data": 8}, "fsdp=8": {"fsdp": 8}}
+MESHES_SLOW = {"data=2,fsdp=2,tensor=2": {"data": 2, "fsdp": 2, "tensor": 2}}
 
 _PROBE = """
-import dataclasses, json
+import dataclasses, json, sys
 from jaxpar.config import PRESETS, Config, MeshConfig, TrainConfig
-from jaxpar.inspect import collective_bytes, compile_step, theory_bytes
+from jaxpar.inspect import COLLECTIVES, collective_bytes, compile_step, theory_bytes
 m = dataclasses.replace(PRESETS["gpt2-tiny"], vocab_size=1024, n_positions=64)
-cfg = Config(model=m, mesh=MeshConfig(data=8), precision="fp32", train=TrainConfig(batch_size=16, seq_len=64))
-compiled, trainer = compile_step(cfg)
-coll = collective_bytes(compiled.as_text())
-print(json.dumps({"measured": coll["total_wire_bytes"], "theory": theory_bytes(trainer.cfg)["total"],
-                  "kinds": {k: coll[k]["wire_bytes"] for k in ("all-gather", "reduce-scatter", "all-to-all")}}))
+out = {}
+for name, sizes in json.loads(sys.argv[1]).items():
+    cfg = Config(model=m, mesh=MeshConfig(**sizes), precision="fp32", train=TrainConfig(batch_size=16, seq_len=64))
+    compiled, trainer = compile_step(cfg)
+    coll = collective_bytes(compiled.as_text())
+    out[name] = {"measured": coll["total_wire_bytes"], "theory": theory_bytes(trainer.cfg),
+                 "kinds": {k: coll[k]["wire_bytes"] for k in COLLECTIVES}}
+print(json.dumps(out))
 """
 
 
-def test_data_parallel_bytes_per_step_match_ring_theory():
+def _probe(meshes: dict) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(meshes)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
-    # theory: 2·7/8·Ψ·4 bytes, Ψ = 536,064 fp32 params (gpt2-tiny, V=1024, P=64)
-    assert r["theory"] == 2 * 7 / 8 * 536_064 * 4
-    ratio = r["measured"] / r["theory"]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def bytes_per_mesh():
+    return _probe(MESHES)
+
+
+def test_data_parallel_bytes_per_step_match_ring_theory(bytes_per_mesh):
+    r = bytes_per_mesh["data=8"]
+    # theory: 2·7/8·Ψ·4 bytes
+    assert r["theory"]["total"] == 2 * 7 / 8 * PSI * 4
+    ratio = r["measured"] / r["theory"]["total"]
     # at most 5% over (the loss and grad-norm scalars, nothing else); below 0.99 would mean
     # some gradient is not reduced at all
     assert 0.99 <= ratio <= 1.05, ratio
-    assert r["kinds"] == {"all-gather": 0.0, "reduce-scatter": 0.0, "all-to-all": 0.0}  # data parallel: all-reduce only
+    k = r["kinds"]
+    assert k["all-gather"] == k["reduce-scatter"] == k["all-to-all"] == 0.0  # data parallel: all-reduce only
+
+
+def test_zero3_reduce_scatters_its_gradient(bytes_per_mesh):
+    r = bytes_per_mesh["fsdp=8"]
+    # theory: 7/8·4·(3·Ψ_blocks + 2·Ψ_outer) bytes
+    assert r["theory"]["total"] == r["theory"]["fsdp"] == 7 / 8 * 4 * (3 * (PSI - OUTER) + 2 * OUTER)
+    assert 0.95 <= r["measured"] / r["theory"]["total"] <= 1.05, r
+    k = r["kinds"]
+    # every fsdp-sharded gradient reduce-scattered once: 7/8·4 bytes per element; the two biases
+    # with no embed dim are all-reduced (2·7/8·4), with the loss/grad-norm scalars (< 400 bytes)
+    assert k["reduce-scatter"] == 7 / 8 * (PSI - NO_EMBED) * 4, k
+    assert 0 <= k["all-reduce"] - 2 * 7 / 8 * NO_EMBED * 4 < 400, k
+    # the weights gathered 3x (blocks, forward + backward) or 2x (wte, wpe, ln_f: forward only)
+    assert k["all-gather"] == pytest.approx(7 / 8 * 4 * (2 * (PSI - OUTER) + OUTER), rel=2e-2), k
+
+
+@pytest.mark.slow
+def test_zero3_with_data_and_tensor_matches_theory():
+    r = _probe(MESHES_SLOW)["data=2,fsdp=2,tensor=2"]
+    th = r["theory"]
+    assert th["total"] == th["dp"] + th["fsdp"] + th["tp"] and th["pipe"] == 0
+    assert 0.95 <= r["measured"] / th["total"] <= 1.05, r
+    # the fsdp reduce-scatter moves Ψ_t/2 per device (1/2 · Ψ_t · 4 bytes, Ψ_t = Ψ after the tensor
+    # split), not the whole of Ψ: the gather stays inside the tensor shard
+    psi_t = r["theory"]["params_per_tensor_shard"]
+    assert r["kinds"]["reduce-scatter"] == pytest.approx(1 / 2 * psi_t * 4, rel=1e-2), r["kinds"]

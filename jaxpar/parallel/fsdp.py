@@ -112,7 +112,10 @@ def make_fsdp_loss_fn(cfg: Config, mesh) -> Callable:
         model = gpt2.GPT2(mc, {**outer, "h": params["h"]}, policy, vocab_chunks=tc.vocab_chunks)
         with activation_rules(jax.sharding.get_abstract_mesh(), TP_RULES):
             x = model.embed(inputs)  # (b, T, D)
-            x, _ = jax.lax.scan(layer, x, params["h"], unroll=gpt2.scan_unroll(policy, mc.n_layer))
+            # rolled even where gpt2.scan_unroll unrolls (bf16 on CPU): unrolled, each layer's
+            # gathered weights were kept from forward to backward (measured: gather bytes = reduce-
+            # scatter bytes, not 2x), i.e. every layer whole at once, not ZeRO-3 memory
+            x, _ = jax.lax.scan(layer, x, params["h"])
             loss = model.loss(x, targets)  # mean over this device's b·T tokens
         return jax.lax.pmean(loss, MANUAL)  # equal rows per device: the global mean
 
