@@ -377,12 +377,13 @@ def _pipeline_model(cfg: Config, mesh) -> tuple[dict, Callable]:
     policy, mc, M = get_policy(cfg.precision), cfg.model, cfg.pipeline.microbatches
     block_rules = shd.block_group_rules(pipe_cfg.mesh, cfg.sharding.replicate)
 
-    def run(params, inputs, key, remat):
+    def run(params, inputs, key, remat, x=None):
+        # x: the embedded (B, T, D) inputs when the caller embeds (tied.per_group)
         k_embed = k_blocks = None
         if key is not None:
             k_embed, k_blocks = jax.random.split(key)
         model = gpt2.GPT2(mc, params, policy, vocab_chunks=cfg.train.vocab_chunks)
-        x = model.embed(inputs, k_embed)
+        x = model.embed(inputs, k_embed) if x is None else x
         w = to_stage_layout(params["h"], layout)
         y = pipeline_blocks(mc, policy, mesh, layout, w, x, M, block_rules, k_blocks, remat=remat,
                             mlp_chunks=cfg.train.mlp_chunks, gather=cfg.pipeline.gather)
@@ -393,14 +394,45 @@ def _pipeline_model(cfg: Config, mesh) -> tuple[dict, Callable]:
 
 def make_pipeline_loss_fn(cfg: Config, mesh) -> Callable:
     """(params, inputs (B,T), targets (B,T), key|None) -> mean fp32 loss, blocks pipelined over `pipe`."""
+    from jaxpar import sharding as shd
+    from jaxpar.parallel import tied
+
     rules, run = _pipeline_model(cfg, mesh)
+    axes = rules["batch"]
+    groups = tied.pipeline_groups(mesh, axes) if cfg.model.dropout == 0 else 1
 
     def loss(params, inputs, targets, key):
         with activation_rules(mesh, rules):
             model, y = run(params, inputs, key, True)
             return model.loss(y, targets)
 
-    return loss
+    if groups == 1:
+        return loss
+    # the tied wte's lookup and head gradients summed per row shard, then reduced once (tied.py).
+    # Dropout keeps the ungrouped loss (per-group keys would change its masks).
+    mc, policy, vc = cfg.model, get_policy(cfg.precision), cfg.train.vocab_chunks
+    wte_spec = shd.param_specs(gpt2.param_axes(mc), shd.param_rules(cfg.mesh))["wte"]["weight"]
+    inner = {**rules, "batch": None}  # inside the group vmap the G dim carries the row split
+
+    def grouped(params, inputs, targets, key):
+        wte_g = tied.broadcast_groups(params["wte"]["weight"], mesh, groups, axes, wte_spec)
+        model_for = lambda w: gpt2.GPT2(mc, {**params, "wte": {"weight": w}}, policy, vocab_chunks=vc)  # noqa: E731
+
+        def embed(w, x):
+            with activation_rules(mesh, inner):
+                return model_for(w).embed(x)
+
+        def head_loss(w, y, t):
+            with activation_rules(mesh, inner):
+                return model_for(w).loss(y, t)
+
+        with activation_rules(mesh, rules):
+            B, T = inputs.shape
+            x = tied.per_group(embed, wte_g, axes, inputs).reshape(B, T, -1)  # (B, T, D)
+            _, y = run(params, inputs, None, True, x=x)
+            return tied.per_group(head_loss, wte_g, axes, y, targets).mean()
+
+    return grouped
 
 
 def make_pipeline_logits_fn(cfg: Config, mesh) -> Callable:

@@ -63,3 +63,39 @@ def grouped_loss(loss: Callable, mesh, groups: int, wte_spec: PartitionSpec) -> 
         return per_group.mean()
 
     return grouped
+
+
+# ----------------------------------------------------------------------------- pipelines
+# A pipeline embeds and scores outside its stage loop, in auto-sharded SPMD, with the rows split
+# over (data, pipe) (pipeline.outer_activation_rules): the same two partial wte gradients, each
+# reduced over data·pipe (GPT-2 124M, data=2 x pipe=4: 1.58x theory, benchmarks/comm_volume.py).
+# The embedding and the loss are two calls on either side of the stage loop, so the groups are
+# made once (`broadcast_groups`) and both calls map over them (`per_group`): the (G, V, D)
+# cotangent then sums both uses locally and the broadcast's transpose reduces it once.
+
+
+def pipeline_groups(mesh, batch_axes) -> int:
+    """G = devices the outer rows are split over (`batch_axes`), when the tied reduction applies:
+    fsdp = 1 (under ZeRO-3 wte is split on its embed dim) and G > 1; else 1 (not grouped)."""
+    shape = dict(mesh.shape)
+    if shape.get("fsdp", 1) > 1:
+        return 1
+    g = 1
+    for a in batch_axes:
+        g *= shape.get(a, 1)
+    return g
+
+
+def broadcast_groups(wte, mesh, groups: int, batch_axes, wte_spec: PartitionSpec):
+    """(V, D) -> (G, V, D), one copy per row shard (a local broadcast, no communication)."""
+    spec = NamedSharding(mesh, PartitionSpec(tuple(batch_axes), *wte_spec))
+    return jax.lax.with_sharding_constraint(jnp.broadcast_to(wte, (groups, *wte.shape)), spec)
+
+
+def per_group(fn: Callable, wte_g, batch_axes, *rows):
+    """vmap fn(wte (V, D), *row arrays (B/G, ...)) over the G groups of `wte_g` and of each
+    (B, ...) array in `rows` (group g = the contiguous rows shard g holds); returns fn's outputs
+    with a leading G dim. fn must run the model with `batch` mapped to no mesh axis."""
+    G = wte_g.shape[0]
+    split = [r.reshape(G, r.shape[0] // G, *r.shape[1:]) for r in rows]
+    return jax.vmap(fn, spmd_axis_name=tuple(batch_axes))(wte_g, *split)
