@@ -57,7 +57,9 @@ def chunked_cross_entropy(x, w, targets, chunks: int, policy=FP32):
         xc, yc = xy
         return acc + _token_nll_sum(xc, w, yc, policy), None
 
-    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (xs, ys))
+    # zeros_like, not zeros: inside a shard_map (jaxpar.parallel.fsdp) x varies over the manual
+    # axes and the carry must have the body output's varying-axes type
+    total, _ = jax.lax.scan(body, jnp.zeros_like(x, jnp.float32, shape=()), (xs, ys))
     return total / (B * T)
 
 

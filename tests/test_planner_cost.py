@@ -152,20 +152,22 @@ def test_tensor_parallel_divides_layer_state_and_adds_allreduces():
 
 def test_vocab_chunks_reduce_the_wte_logits_grad_once_per_chunk():
     # chunked_cross_entropy closes over the tied wte inside its scan, so XLA all-reduces the
-    # logits part of the wte grad (V·D fp32) once per chunk -- except in plain data parallelism,
-    # where the step sums every chunk's and the lookup's grads before one reduction
+    # logits part of the wte grad (V·D fp32) once per chunk -- except where the step sums every
+    # chunk's and the lookup's grads before one reduction (plain data parallelism, ZeRO-3)
     # (jaxpar.parallel.tied; compiled: 987,399 all-reduce bytes with vc = 1 and with vc = 8)
     m = ModelConfig(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=128)
     w, cpu = Workload(m, 16, 128, "fp32"), get_device("cpu")
     base = estimate(w, Strategy(data=8), cpu).comm_bytes["all-reduce"]
     vc8 = estimate(w, Strategy(data=8, vocab_chunks=8), cpu).comm_bytes["all-reduce"]
     assert vc8 == base
-    # ZeRO-3 embed on XLA:CPU (d=2, f=4): per chunk, the full grad over fsdp + its 1/f shard over data
+    # ZeRO-3 (d=2, f=4) runs in a shard_map (jaxpar.parallel.fsdp): wte gathered once before the
+    # chunks, their grads summed locally before one reduce-scatter (compiled, gpt2-tiny V1024 d=2
+    # f=4: the same all-reduce, all-gather and reduce-scatter bytes with vc = 1 and with vc = 8)
     s1, s8 = Strategy(data=2, fsdp=4), Strategy(data=2, fsdp=4, vocab_chunks=8)
     e1, e8 = estimate(w, s1, cpu).comm_bytes, estimate(w, s8, cpu).comm_bytes
-    assert e8["all-reduce"] - e1["all-reduce"] == 7 * (2 * 3 / 4 * 4 * 512 * 64 + 2 * 1 / 2 * 4 * 512 * 64 / 4)
-    # and the chunk recompute gathers wte per chunk: 1 + 8 gathers instead of 2 (d > 1, no accumulation)
-    assert e8["all-gather"] - e1["all-gather"] == 7 * 3 / 4 * 4 * 512 * 64
+    assert {k: e8[k] for k in ("all-reduce", "all-gather", "reduce-scatter")} == \
+        {k: e1[k] for k in ("all-reduce", "all-gather", "reduce-scatter")}
+    assert e1["reduce-scatter"] > 0 and e1["all-gather"] > 0
 
 
 def test_hlo_group_size_reads_mesh_groups_with_device_order():

@@ -391,12 +391,13 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     # chunked_cross_entropy closes over wte inside its lax.scan, so XLA reduces the logits part of
     # the wte gradient inside the scan: once per token chunk (vc times), not once after it (seen in
     # the HLO: an all-reduce of the (V/t, D) grad with trip count vc per pass, rows 17, 19, 20).
-    # In the auto-sharded step (XLA:CPU has no reduce-scatter there) a ZeRO-3 group gathers its
-    # weights over fsdp only and reduces its grads with an all-reduce of the full grads over fsdp,
-    # then one of the 1/f shard over data (·pipe for the embedding, whose rows are also split over
-    # pipe); the pipeline's explicit shard_map collectives keep their own groups and lower to
-    # real reduce-scatters even on CPU (all seen in the HLO).
-    auto = {g: not dev.reduce_scatter and (S == 1 or g == "embed") for g in GROUPS}
+    # Without a pipeline ZeRO-3 runs in a shard_map with explicit gathers and reduce-scatters
+    # (jaxpar.parallel.fsdp), on every backend. A pipeline's embedding is auto-sharded: there
+    # (XLA:CPU has no reduce-scatter) a ZeRO-3 group gathers its weights over fsdp only and
+    # reduces its grads with an all-reduce of the full grads over fsdp, then one of the 1/f
+    # shard over data·pipe; the pipeline's own shard_map collectives lower to real
+    # reduce-scatters even on CPU (all seen in the HLO).
+    auto = {g: not dev.reduce_scatter and S > 1 and g == "embed" for g in GROUPS}
     rep = {g: d * (S if g == "embed" else 1) for g in GROUPS}  # replicas beside fsdp
     if f > 1:
         for g in GROUPS:
@@ -446,15 +447,18 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
             else:
                 # ZeRO-3: gather weights for forward (+ again for backward, blocks only, no pipeline),
                 # reduce-scatter grads; per microbatch without a pipeline, once per step with one.
+                # Without a pipeline the vocab chunks' wte grads sum locally before the one
+                # reduce-scatter (jaxpar.parallel.fsdp); XLA's auto step scatters per chunk.
                 gathers = 1 if (g == "embed" and S == 1) or (g != "embed" and S > 1) else 2
                 add("all-gather", "fsdp", all_gather(f, 4 * n, alpha, bws["fsdp"]), gathers * passes)
-                n += wte * (vc - 1) if g == "embed" else 0.0
+                n += wte * (vc - 1) if g == "embed" and S > 1 else 0.0
                 add("reduce-scatter", "fsdp", all_gather(f, 4 * n, alpha, bws["fsdp"]), passes)
     # data-parallel gradient reduction: sharded groups over data, replicated ones over data·fsdp;
-    # the embedding's rows are also split over pipe; the tied wte is reduced for lookup and head,
-    # except in plain data parallelism (no fsdp, no pipe), where the step sums the two grads
-    # (every chunk's too) before one reduction (jaxpar.parallel.tied; seen in the HLO).
-    tied_once = S == 1 and f == 1 and d > 1
+    # the embedding's rows are also split over pipe; the step sums the tied wte's lookup and head
+    # grads (every chunk's too) before one reduction: per row shard (jaxpar.parallel.tied: data
+    # parallelism, pipelines without fsdp) or per device (jaxpar.parallel.fsdp); only a pipeline
+    # with fsdp reduces it once per use (seen in the HLO).
+    tied_once = S == 1 or f == 1
     for g in GROUPS:
         if auto[g] and sharded[g]:
             continue  # reduced above
