@@ -74,10 +74,16 @@ def _gather(a, spec: P, tensor_spec: P):
     return jax.shard_map(gather, in_specs=tensor_spec, out_specs=tensor_spec, axis_names=frozenset({"tensor"}))(a)
 
 
+# re-layouts: recomputing one costs a copy, saving it saves nothing (same bytes as its input)
+_RELAYOUTS = ("reshape", "transpose")
+
+
 def _not_gathered(prim, *_, **__) -> bool:
-    """Checkpoint policy: every value may be saved for backward except an all-gather's output
-    (a whole layer's weights); those are gathered again in backward."""
-    return prim.name != "all_gather"
+    """Checkpoint policy: every value may be saved for backward except an all-gather's output (a
+    whole layer's weights) and re-layouts, which may be of gathered weights (ops.chunked_mlp
+    splits w_fc / w_proj into chunks: measured, the MLP weights were then kept from forward to
+    backward). Backward gathers the layer again."""
+    return prim.name != "all_gather" and prim.name not in _RELAYOUTS
 
 
 def make_fsdp_loss_fn(cfg: Config, mesh) -> Callable:
