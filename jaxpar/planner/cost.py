@@ -397,7 +397,9 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     # reduces its grads with an all-reduce of the full grads over fsdp, then one of the 1/f
     # shard over data·pipe; the pipeline's own shard_map collectives lower to real
     # reduce-scatters even on CPU (all seen in the HLO).
-    auto = {g: not dev.reduce_scatter and S > 1 and g == "embed" for g in GROUPS}
+    # (jaxpar.parallel.fsdp.applies: not with remat=selective or mlp_chunks > 1, which stay auto)
+    zero3_map = S == 1 and s.remat != "selective" and s.mlp_chunks == 1
+    auto = {g: not dev.reduce_scatter and not zero3_map and (S == 1 or g == "embed") for g in GROUPS}
     rep = {g: d * (S if g == "embed" else 1) for g in GROUPS}  # replicas beside fsdp
     if f > 1:
         for g in GROUPS:
@@ -451,14 +453,14 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
                 # reduce-scatter (jaxpar.parallel.fsdp); XLA's auto step scatters per chunk.
                 gathers = 1 if (g == "embed" and S == 1) or (g != "embed" and S > 1) else 2
                 add("all-gather", "fsdp", all_gather(f, 4 * n, alpha, bws["fsdp"]), gathers * passes)
-                n += wte * (vc - 1) if g == "embed" and S > 1 else 0.0
+                n += wte * (vc - 1) if g == "embed" and not zero3_map else 0.0
                 add("reduce-scatter", "fsdp", all_gather(f, 4 * n, alpha, bws["fsdp"]), passes)
     # data-parallel gradient reduction: sharded groups over data, replicated ones over data·fsdp;
     # the embedding's rows are also split over pipe; the step sums the tied wte's lookup and head
     # grads (every chunk's too) before one reduction: per row shard (jaxpar.parallel.tied: data
     # parallelism, pipelines without fsdp) or per device (jaxpar.parallel.fsdp); only a pipeline
     # with fsdp reduces it once per use (seen in the HLO).
-    tied_once = S == 1 or f == 1
+    tied_once = zero3_map or f == 1
     for g in GROUPS:
         if auto[g] and sharded[g]:
             continue  # reduced above
