@@ -48,16 +48,17 @@ def test_layer_activations_formula():
     T, b, D, N = 1024, 1, 1600, 25
     sbh = T * b * D
     saved, live = layer_activation_bytes(w, b, 1, "none", 1)
-    # 30 compute-dtype + 6 fp32 (b, T, D)-sized residuals; fp32 masked probs + bf16 probs (T², per head)
-    assert saved == live == sbh * (2 * 30 + 4 * 6) + (4 + 2) * N * T * T * b
-    assert layer_activation_bytes(w, b, 1, "selective", 1)[0] == 84 * sbh
+    # 14 compute-dtype (2 replicated + q,k,v,o + c_fc out and GELU out, 2 x 4D) + 6 fp32 (b, T, D)-sized
+    # residuals, as print_saved_residuals lists them; fp32 masked probs + bf16 probs (T², per head)
+    assert saved == live == sbh * (2 * 14 + 4 * 6) + (4 + 2) * N * T * T * b
+    assert layer_activation_bytes(w, b, 1, "selective", 1)[0] == 52 * sbh
     assert layer_activation_bytes(w, b, 1, "full", 1)[0] == 2 * sbh
     # tensor=4 splits q,k,v,o + MLP units and the T² term; chunked MLP drops the MLP units
     assert layer_activation_bytes(w, b, 4, "none", 4)[0] == sbh * (2 * (2 + 4 / 4) + 24) + 6 * N * T * T * b / 4
     flash = Workload(XL, 8, 1024, attention="flash")
-    assert layer_activation_bytes(flash, b, 1, "none", 1)[0] == 84 * sbh + 8 * N * T * b
+    assert layer_activation_bytes(flash, b, 1, "none", 1)[0] == 52 * sbh + 8 * N * T * b
     fp32 = Workload(XL, 8, 1024, precision="fp32")
-    assert layer_activation_bytes(fp32, b, 1, "none", 1)[0] == 144 * sbh + 8 * N * T * T * b
+    assert layer_activation_bytes(fp32, b, 1, "none", 1)[0] == 80 * sbh + 8 * N * T * T * b
 
 
 def test_flops_per_token_palm_formula():

@@ -209,19 +209,20 @@ def axis_bandwidths(dev: DeviceSpec, s: Strategy) -> dict[str, float]:
 # Residuals jaxpar's GPT-2 block saves for backward, per T·b·D elements, counted with
 # jax.ad_checkpoint.print_saved_residuals (see README): Korthikanti et al. count 34 bytes for
 # Megatron's fused kernels; XLA autodiff of our block also keeps the fp32 LayerNorm
-# intermediates (x-mean, normalised x: 6 fp32 tensors) and the tanh-GELU pieces (6 tensors
-# of 4D instead of 2).
+# intermediates (x-mean, normalised x: 6 fp32 tensors). The MLP keeps 2 tensors of 4D: c_fc's
+# output (the one residual of jaxpar.activations.gelu_tanh's hand-written backward) and the GELU
+# output (c_proj's input); jax's own tanh-GELU kept 6 (recounted 2026-11-23 after that change).
 REP_UNITS = 2  # compute dtype: ln outputs / residual, replicated over tensor
 LN32_UNITS = 6  # fp32 LayerNorm intermediates, replicated over tensor
 QKVO_UNITS = 4  # q, k, v, attention output (split over tensor)
-MLP_UNITS = 24  # c_fc out + GELU intermediates, 6 × 4D (split over tensor)
+MLP_UNITS = 8  # c_fc out + GELU out, 2 × 4D (split over tensor)
 
 
 def layer_activation_bytes(w: Workload, b: float, t: int, remat: str, mlp_chunks: int,
                            cb: int | None = None) -> tuple[float, float]:
     """(saved, live) bytes of one layer for one microbatch of b rows on one device.
 
-    saved = T·b·D·(cb·(2 + 28/t) + 4·6) + N·T²·b/t·(4 + cb)        (remat=none)
+    saved = T·b·D·(cb·(2 + 12/t) + 4·6) + N·T²·b/t·(4 + cb)        (remat=none)
     The T² term is the fp32 masked scores/probs plus the compute-dtype probs (in fp32 both are
     fp32); flash attention keeps only the fp32 row statistics N·T·b/t·8 instead. selective
     drops the T² term, mlp_chunks > 1 drops the MLP units (both recomputed), full keeps only the
