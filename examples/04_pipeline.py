@@ -39,12 +39,12 @@ for S in (4, 5):
 cfg = C.resolve(["model=gpt2-tiny", "model.n_layer=4", "mesh.pipe=2", "mesh.data=2", "mesh.tensor=2",
                  "pipeline.microbatches=4", "train.steps=8", "train.seq_len=32", "train.batch_size=16",
                  "train.lr=3e-3", "train.warmup_steps=0", "precision=fp32"])
-check_model_vs_mesh(cfg.model, cfg)
-info = pp.describe(cfg, cfg.mesh.pipe)
+layout = check_model_vs_mesh(cfg.model, cfg)  # the run's ParallelLayout: stages, rules, validated once
+info = pp.describe(cfg, layout)
 print(f"stages={info['stages']} layers_per_stage={info['layers_per_stage']} microbatches={info['microbatches']} "
       f"iterations={info['iterations']}")
 ds = data.Dataset.open(data.resolve_data("", "byte", tempfile.mkdtemp()), cfg.model.vocab_size, cfg.train.seq_len)
-trainer = build_trainer(cfg, build_mesh(cfg.mesh))
+trainer = build_trainer(cfg, build_mesh(cfg.mesh), layout)
 state = trainer.init_state(gpt2.init_params(cfg.model, cfg.seed))
 times = []
 for step in range(cfg.train.steps):

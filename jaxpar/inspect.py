@@ -306,17 +306,15 @@ def compile_step(cfg, mesh=None, devices=None):
     import jax
     import numpy as np
 
-    from jaxpar.mesh import build_mesh, resolve_mesh_config
-    from jaxpar.train import build_trainer, check_model_vs_mesh
+    from jaxpar.mesh import build_mesh
+    from jaxpar.train import build_trainer, resolve_layout
 
     if mesh is None:
         devices = jax.devices() if devices is None else list(devices)
-        cfg = dataclasses.replace(cfg, mesh=resolve_mesh_config(cfg.mesh, len(devices)))
-        mesh = build_mesh(cfg.mesh, devices)
-    else:
-        cfg = dataclasses.replace(cfg, mesh=resolve_mesh_config(cfg.mesh, mesh.devices.size))
-    check_model_vs_mesh(cfg.model, cfg)
-    trainer = build_trainer(cfg, mesh)
+    lay = resolve_layout(cfg, len(devices) if mesh is None else mesh.devices.size)  # one layout, validated once
+    cfg = dataclasses.replace(cfg, mesh=lay.mesh)
+    mesh = build_mesh(cfg.mesh, devices) if mesh is None else mesh
+    trainer = build_trainer(cfg, mesh, lay)
     batch = jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.train.seq_len), np.int32,
                                  sharding=trainer.batch_sharding)
     compiled = trainer.step_fn.lower(trainer.abstract_state(), batch, batch).compile()

@@ -42,7 +42,7 @@ import math
 import os
 import sys
 
-from jaxpar.config import ConfigError, MeshConfig
+from jaxpar.config import ConfigError, MeshConfig, check_mesh_sizes
 
 AXES = ("data", "fsdp", "tensor", "pipe")  # canonical order of the mesh dims (names, specs, configs)
 PLACEMENT = ("pipe", "data", "fsdp", "tensor")  # device placement, outermost (slowest links) first
@@ -59,14 +59,10 @@ def resolve_mesh_config(mc: MeshConfig, n_devices: int) -> MeshConfig:
     """Fill the one -1 axis so the product equals `n_devices`; check the product.
 
     Raises a one-line ConfigError naming the sizes and the device count."""
+    check_mesh_sizes(mc)  # the same two rules (and texts) config.validate applies
     sizes = dataclasses.asdict(mc)
-    bad = {k: v for k, v in sizes.items() if v == 0 or v < -1}
-    if bad:
-        raise ConfigError(f"mesh sizes must be positive or -1 (got {_shown(bad)})")
     fixed = math.prod(v for v in sizes.values() if v != -1)
     wild = [k for k, v in sizes.items() if v == -1]
-    if len(wild) > 1:
-        raise ConfigError(f"at most one mesh axis may be -1 (got mesh {_shown(sizes)})")
     if wild:
         if n_devices % fixed:
             raise ConfigError(f"mesh {_shown(sizes)}: {n_devices} devices are not divisible by the product "

@@ -97,7 +97,7 @@ def _worker(out_dir: str) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     cc.set_cache_dir(os.path.join(out_dir, "xla"))
     res: dict = {"activations": {}}
-    for name, mc in S.STRATEGIES.items():
+    for name, mc in S.NAMED_MESHES.items():
         cfg = Config(model=PRESETS["gpt2-tiny"], mesh=mc, train=TrainConfig(batch_size=B, seq_len=T))
         tr = build_trainer(cfg, build_mesh(mc, jax.devices()))
         batch = jax.ShapeDtypeStruct((B, T), np.int32, sharding=tr.batch_sharding)
