@@ -14,6 +14,7 @@ import time  # noqa: E402
 
 from gpt2common import data  # noqa: E402
 from jaxpar import config as C  # noqa: E402
+from jaxpar.layout import layer_cost  # noqa: E402
 from jaxpar.mesh import build_mesh  # noqa: E402
 from jaxpar.models import gpt2  # noqa: E402
 from jaxpar.parallel import pipeline as pp  # noqa: E402
@@ -24,7 +25,7 @@ from jaxpar.train import build_trainer, check_model_vs_mesh  # noqa: E402
 #    token: one block, the embedding lookup (~free) and ln_f + tied logits (2·D·V: ~3.4 blocks
 #    for GPT-2 small). If stage S-1 also computed the head it would get fewer layers:
 mc = C.PRESETS["gpt2"]
-layer = pp.layer_cost(mc, 1024)
+layer = layer_cost(mc, 1024)
 head = 2.0 * mc.n_embd * mc.vocab_size
 for S in (4, 5):
     lps = partition_layers([layer] * mc.n_layer, S, first_extra=0.0, last_extra=head)

@@ -18,13 +18,13 @@ What each table means for GPT-2 is explained in `jaxpar.sharding`. This module i
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
 
-from jaxpar.config import Config, ConfigError, MeshConfig, ModelConfig
+from jaxpar.config import Config, ConfigError, MeshConfig, ModelConfig, check_mesh_sizes
 from jaxpar.groups import GROUPS, group_of
-from jaxpar.mesh import resolve_mesh_config
 from jaxpar.parallel.partition import partition_layers, stage_bounds, validate_layers_per_stage
 
 Rules = dict[str, Any]  # logical name -> mesh axis, tuple of axes, or None
@@ -72,7 +72,31 @@ def param_rules(mc: MeshConfig, replicated: bool = False, n_layer: int | None = 
     return rules
 
 
-# ----------------------------------------------------------------------------- the one predicate
+# ----------------------------------------------------------------------------- sizes and the one predicate
+
+
+def _shown(sizes: dict) -> str:
+    """{"data": 2, "fsdp": 4} -> "data=2×fsdp=4" (how error messages show a mesh)."""
+    return "×".join(f"{k}={v}" for k, v in sizes.items())
+
+
+def resolve_mesh_config(mc: MeshConfig, n_devices: int) -> MeshConfig:
+    """Fill the one -1 axis so the product equals `n_devices`; check the product.
+
+    Raises a one-line ConfigError naming the sizes and the device count."""
+    check_mesh_sizes(mc)  # the same two rules (and texts) config.validate applies
+    sizes = dataclasses.asdict(mc)
+    fixed = math.prod(v for v in sizes.values() if v != -1)
+    wild = [k for k, v in sizes.items() if v == -1]
+    if wild:
+        if n_devices % fixed:
+            raise ConfigError(f"mesh {_shown(sizes)}: {n_devices} devices are not divisible by the product "
+                              f"of the other axes ({fixed})")
+        sizes[wild[0]] = n_devices // fixed
+    elif fixed != n_devices:
+        raise ConfigError(f"mesh {_shown(sizes)} needs {fixed} devices but {n_devices} are available "
+                          f"(the product of mesh sizes must equal the device count)")
+    return MeshConfig(**sizes)
 
 
 def stages_problem(S: int, L: int) -> str | None:

@@ -42,7 +42,8 @@ import math
 import os
 import sys
 
-from jaxpar.config import ConfigError, MeshConfig, check_mesh_sizes
+from jaxpar.config import ConfigError, MeshConfig
+from jaxpar.layout import _shown, resolve_mesh_config  # noqa: F401  (resolve_mesh_config: public API)
 
 AXES = ("data", "fsdp", "tensor", "pipe")  # canonical order of the mesh dims (names, specs, configs)
 PLACEMENT = ("pipe", "data", "fsdp", "tensor")  # device placement, outermost (slowest links) first
@@ -51,27 +52,8 @@ PLACEMENT = ("pipe", "data", "fsdp", "tensor")  # device placement, outermost (s
 # ----------------------------------------------------------------------------- sizes
 
 
-def _shown(sizes: dict) -> str:
-    return "×".join(f"{k}={v}" for k, v in sizes.items())
-
-
-def resolve_mesh_config(mc: MeshConfig, n_devices: int) -> MeshConfig:
-    """Fill the one -1 axis so the product equals `n_devices`; check the product.
-
-    Raises a one-line ConfigError naming the sizes and the device count."""
-    check_mesh_sizes(mc)  # the same two rules (and texts) config.validate applies
-    sizes = dataclasses.asdict(mc)
-    fixed = math.prod(v for v in sizes.values() if v != -1)
-    wild = [k for k, v in sizes.items() if v == -1]
-    if wild:
-        if n_devices % fixed:
-            raise ConfigError(f"mesh {_shown(sizes)}: {n_devices} devices are not divisible by the product "
-                              f"of the other axes ({fixed})")
-        sizes[wild[0]] = n_devices // fixed
-    elif fixed != n_devices:
-        raise ConfigError(f"mesh {_shown(sizes)} needs {fixed} devices but {n_devices} are available "
-                          f"(the product of mesh sizes must equal the device count)")
-    return MeshConfig(**sizes)
+# resolve_mesh_config (fill the -1, product == device count) is the layout's first rule; it is
+# re-exported here as part of the mesh API.
 
 
 def mesh_size(mc: MeshConfig) -> int:

@@ -1,4 +1,4 @@
-"""Logical axis names -> mesh axes: one rules table per strategy, as data.
+"""Logical axis names -> mesh axes: one rules table per parallelism, as data.
 
 The model names logical dims (`batch, seq, embed, heads, head_dim, mlp, vocab, layers`);
 these tables say which mesh axis each name is split over. Parameter rules and activation
@@ -9,7 +9,7 @@ pipe) and the per-group choice live in `jaxpar.layout` (jax-free, resolved once 
 batches. `layers -> pipe` (the stacked block dim over `pipe`) is a layout rule that applies only
 when a pipeline runs; `resolved_param_specs` shows the rules without it.
 
-What each strategy means for GPT-2 (shapes in `jaxpar.models.gpt2`):
+What each parallelism means for GPT-2 (shapes in `jaxpar.models.gpt2`):
 
 * data (DP): every parameter replicated; the batch dim split over `data` (and `fsdp`);
   gradients all-reduced over the batch axes once per step (2(N-1)/N·Ψ per device, ring).

@@ -58,6 +58,7 @@ def _rel(a, b) -> float:
 def _train_worker(names: list[str]) -> dict:
     import jax
 
+    from jaxpar.evaluation import mean_loss
     from jaxpar.mesh import build_mesh
     from jaxpar.models import gpt2
     from jaxpar.train import build_trainer, make_loss_fn
@@ -84,6 +85,11 @@ def _train_worker(names: list[str]) -> dict:
                      in_shardings=(psh, tr.batch_sharding, tr.batch_sharding), out_shardings=(None, psh))
         update = jax.jit(lambda g, o, p: (lambda u, o2: (optax.apply_updates(p, u), o2))(*tr.tx.update(g, o, p)))
         state = tr.init_state(gpt2.init_params(model, 0))
+        # the one eval path (loop's val_loss and `jaxpar eval`) on the initial params, and whether
+        # its step runs the pipeline schedule (a collective-permute between stages)
+        x0, y0 = tr.put_batch(batches[0][0]), tr.put_batch(batches[0][1])
+        total, n = mean_loss(tr.eval_fn, tr.put_batch, state["params"], [batches[0]], 8)
+        ev = {"loss": total / n, "permutes": tr.eval_fn.lower(state["params"], x0, y0).as_text().count("collective_permute")}
         params, opt, losses, g0 = state["params"], state["opt_state"], [], None
         for x, y in batches:
             loss, g = vg(params, tr.put_batch(x), tr.put_batch(y))
@@ -91,16 +97,16 @@ def _train_worker(names: list[str]) -> dict:
             losses.append(float(loss))
             params, opt = update(g, opt, params)
         g0 = {jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(g0)[0]}
-        return losses, g0, str(psh["h"]["mlp"]["c_fc"]["weight"].spec)
+        return losses, g0, str(psh["h"]["mlp"]["c_fc"]["weight"].spec), ev
 
     out, refs = {}, {}
     for name in names:
         sizes, pipe_kw, n_layer, *train_kw = CASES[name]
         if n_layer not in refs:
             refs[n_layer] = run({}, {}, n_layer)
-        ref_l, ref_g, _ = refs[n_layer]
-        losses, g, spec = run(sizes, pipe_kw, n_layer, *train_kw)
-        out[name] = {"losses": losses, "ref_losses": ref_l,
+        ref_l, ref_g, _, ref_ev = refs[n_layer]
+        losses, g, spec, ev = run(sizes, pipe_kw, n_layer, *train_kw)
+        out[name] = {"losses": losses, "ref_losses": ref_l, "eval": ev, "ref_eval": ref_ev,
                      "loss_rel": [abs(a - b) / abs(b) for a, b in zip(losses, ref_l)],
                      "grad_rel": {k: _rel(g[k], ref_g[k]) for k in ref_g}, "c_fc_spec": spec}
     return out
@@ -252,6 +258,11 @@ def _check(r):
     assert len(r["grad_rel"]) == 16
     worst = max(r["grad_rel"].items(), key=lambda kv: kv[1])
     assert worst[1] <= tol["grad"], worst
+    # evaluation (train's val_loss and `jaxpar eval`: one function) runs through the pipeline and
+    # equals the pipe=1 eval loss; at init the loss is near ln(256) = 5.55 (byte vocab)
+    ev, ref = r["eval"], r["ref_eval"]
+    assert abs(ev["loss"] - ref["loss"]) <= tol["loss"] * ref["loss"] and abs(ref["loss"] - 5.55) < 0.5, (ev, ref)
+    assert ref["permutes"] == 0 and ev["permutes"] > 0, (ev, ref)
 
 
 @pytest.fixture(scope="module")
