@@ -22,7 +22,7 @@ What each parallelism means for GPT-2 (shapes in `jaxpar.models.gpt2`):
   attn.c_proj / mlp.c_proj row-parallel (one all-reduce of (b, s, h) after each in forward,
   one before each in backward); `vocab` over `tensor` makes the tied embedding
   vocab-parallel (lookup and logits). Needs n_head, 4·n_embd and vocab_size divisible by
-  `tensor` (`train.check_model_vs_mesh`).
+  `tensor` (`layout.mesh_problem`).
 * products compose: data×fsdp×tensor splits the batch over data·fsdp, each parameter on
   embed over fsdp and on heads/mlp/vocab over tensor.
 """
