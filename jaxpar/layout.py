@@ -164,9 +164,14 @@ def layer_cost(mc: ModelConfig, seq_len: int) -> float:
     return 2.0 * 12 * d * d + 4.0 * seq_len * d
 
 
+def n_iterations(S: int, M: int, R: int = 1) -> int:
+    """Scan iterations of the pipeline schedule: (R-1)·max(M,S) + M + S - 1 (= R·M + S - 1 when M >= S)."""
+    return (R - 1) * max(M, S) + M + S - 1
+
+
 def bubble_fraction(S: int, M: int, R: int = 1) -> float:
     """Idle fraction of stage-iterations, (S-1)/(R·M+S-1) for M >= S."""
-    return 1.0 - R * M / ((R - 1) * max(M, S) + M + S - 1)
+    return 1.0 - R * M / n_iterations(S, M, R)
 
 
 def pipeline_stages(cfg: Config) -> tuple[tuple[int, ...], tuple[str, ...]]:

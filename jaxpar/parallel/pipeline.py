@@ -78,7 +78,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.config import Config, ModelConfig
-from jaxpar.layout import ParallelLayout, StageLayout, bubble_fraction
+from jaxpar.layout import ParallelLayout, StageLayout, bubble_fraction, n_iterations
 from jaxpar.logical import activation_rules, spec_for
 from jaxpar.models import gpt2
 from jaxpar.precision import Policy, get_policy
@@ -86,11 +86,8 @@ from jaxpar.precision import Policy, get_policy
 # ----------------------------------------------------------------------------- schedule arithmetic
 
 
-def n_iterations(S: int, M: int, R: int = 1) -> int:
-    """Scan iterations of the schedule: (R-1)·max(M,S) + M + S - 1 (= R·M + S - 1 when M >= S)."""
-    return (R - 1) * max(M, S) + M + S - 1
-
-
+# n_iterations (the schedule's scan length) and the bubble live in jaxpar.layout, which reports
+# them before JAX starts; re-exported here beside the schedule they describe.
 bubble_theory = bubble_fraction  # idle fraction of stage-iterations, (S-1)/(R·M+S-1) for M >= S
 
 
