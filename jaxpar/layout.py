@@ -75,7 +75,7 @@ def param_rules(mc: MeshConfig, replicated: bool = False, n_layer: int | None = 
 # ----------------------------------------------------------------------------- sizes and the one predicate
 
 
-def _shown(sizes: dict) -> str:
+def shown_sizes(sizes: dict) -> str:
     """{"data": 2, "fsdp": 4} -> "data=2×fsdp=4" (how error messages show a mesh)."""
     return "×".join(f"{k}={v}" for k, v in sizes.items())
 
@@ -90,11 +90,11 @@ def resolve_mesh_config(mc: MeshConfig, n_devices: int) -> MeshConfig:
     wild = [k for k, v in sizes.items() if v == -1]
     if wild:
         if n_devices % fixed:
-            raise ConfigError(f"mesh {_shown(sizes)}: {n_devices} devices are not divisible by the product "
+            raise ConfigError(f"mesh {shown_sizes(sizes)}: {n_devices} devices are not divisible by the product "
                               f"of the other axes ({fixed})")
         sizes[wild[0]] = n_devices // fixed
     elif fixed != n_devices:
-        raise ConfigError(f"mesh {_shown(sizes)} needs {fixed} devices but {n_devices} are available "
+        raise ConfigError(f"mesh {shown_sizes(sizes)} needs {fixed} devices but {n_devices} are available "
                           f"(the product of mesh sizes must equal the device count)")
     return MeshConfig(**sizes)
 

@@ -43,7 +43,7 @@ import os
 import sys
 
 from jaxpar.config import ConfigError, MeshConfig
-from jaxpar.layout import _shown, resolve_mesh_config  # noqa: F401  (resolve_mesh_config: public API)
+from jaxpar.layout import resolve_mesh_config, shown_sizes  # noqa: F401  (resolve_mesh_config: public API)
 
 AXES = ("data", "fsdp", "tensor", "pipe")  # canonical order of the mesh dims (names, specs, configs)
 PLACEMENT = ("pipe", "data", "fsdp", "tensor")  # device placement, outermost (slowest links) first
@@ -90,7 +90,7 @@ def emulate_devices_for(mc: MeshConfig, env=None) -> int:
     if has_wild and "xla_force_host_platform_device_count" in env.get("XLA_FLAGS", ""):
         return 0
     if n % nprocs:
-        raise ConfigError(f"mesh {_shown(dataclasses.asdict(mc))} ({n} devices) cannot be split evenly over "
+        raise ConfigError(f"mesh {shown_sizes(dataclasses.asdict(mc))} ({n} devices) cannot be split evenly over "
                           f"{nprocs} processes")
     per = n // nprocs
     if per > 1 or "xla_force_host_platform_device_count" in env.get("XLA_FLAGS", ""):
@@ -136,7 +136,7 @@ def describe(mesh) -> str:
     kinds = sorted({f"{d.platform}:{d.device_kind}" for d in devs.flat})
     types = sorted({str(t).split(".")[-1] for t in getattr(mesh, "axis_types", ())}) or ["?"]
     lines = [
-        f"mesh: {_shown(shape)} = {n} devices, axis types {'/'.join(types)}",
+        f"mesh: {shown_sizes(shape)} = {n} devices, axis types {'/'.join(types)}",
         f"devices: {jax.device_count()} global ({jax.local_device_count()} local, {', '.join(kinds)}); "
         f"processes: {jax.process_count()} (this is process {jax.process_index()}); mesh spans {len(procs)}",
     ]
