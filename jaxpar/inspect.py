@@ -28,6 +28,7 @@ import dataclasses
 import json
 import math
 import re
+import sys
 from typing import Any
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -328,7 +329,8 @@ def inspect_step(cfg, mesh=None, devices=None) -> dict[str, Any]:
     th = theory_bytes(trainer.cfg)
     return {"mesh": dataclasses.asdict(trainer.cfg.mesh), "memory_per_device_bytes": memory_per_device(compiled),
             "collectives": {k: v for k, v in coll.items() if k != "ops"}, "theory": th,
-            "ratio": coll["total_wire_bytes"] / th["total"] if th["total"] else None, "ops": coll["ops"]}
+            "ratio": coll["total_wire_bytes"] / th["total"] if th["total"] else None, "ops": coll["ops"],
+            "warnings": list(trainer.layout.warnings)}
 
 
 def _mib(x: float) -> str:
@@ -367,6 +369,8 @@ def run_inspect(cfg) -> int:
 
     info = inspect_step(cfg)
     if jax.process_index() == 0:
+        for w in info["warnings"]:  # the layout's (e.g. a dominant pipeline bubble), as `jaxpar train` prints them
+            print(w, file=sys.stderr)
         print(format_report(cfg, info))
-        print(json.dumps({k: v for k, v in info.items() if k != "ops"}, separators=(",", ":")))
+        print(json.dumps({k: v for k, v in info.items() if k not in ("ops", "warnings")}, separators=(",", ":")))
     return 0
