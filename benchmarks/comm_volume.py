@@ -54,11 +54,7 @@ def measure(model: str, strategy: str, batch: int, seq: int, precision: str) -> 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="gpt2,gpt2-medium")
-<<<<<<< HEAD
-    ap.add_argument("--strategies", default=",".join([*STRATEGIES, *PIPE_STRATEGIES]))
-=======
-    ap.add_argument("--strategies", default=",".join(NAMED_MESHES))
->>>>>>> bd73c7d (layout: one ParallelLayout (jaxpar/layout.py) built and validated once; OSDP groups in jaxpar/groups.py; one eval path (jaxpar/evaluation.py), pipeline-aware; planner meshes use the layout's mesh_problem)
+    ap.add_argument("--strategies", default=",".join([*NAMED_MESHES, *PIPE_STRATEGIES]))
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--precision", default="fp32")
