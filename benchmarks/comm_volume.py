@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jaxpar.config import PRESETS, Config, MeshConfig, PipelineConfig, TrainConfig  # noqa: E402
 from jaxpar.inspect import COLLECTIVES, collective_bytes, compile_step, memory_per_device, theory_bytes  # noqa: E402
-from jaxpar.sharding import STRATEGIES  # noqa: E402
+from jaxpar.sharding import NAMED_MESHES  # noqa: E402
 
 MiB = 2**20
 # pipelined rows (GPipe, 4 microbatches per data replica): (mesh, microbatches)
@@ -36,7 +36,7 @@ PIPE_STRATEGIES = {"pp": (MeshConfig(data=2, pipe=4), 4), "dp_fsdp_pp": (MeshCon
 
 def measure(model: str, strategy: str, batch: int, seq: int, precision: str) -> dict:
     m = dataclasses.replace(PRESETS[model], vocab_size=50304)
-    mesh, micro = PIPE_STRATEGIES.get(strategy, (STRATEGIES.get(strategy), 1))
+    mesh, micro = PIPE_STRATEGIES.get(strategy, (NAMED_MESHES.get(strategy), 1))
     cfg = Config(model=m, model_name=model, mesh=mesh, precision=precision,
                  train=TrainConfig(batch_size=batch, seq_len=seq), pipeline=PipelineConfig(microbatches=micro))
     t0 = time.perf_counter()
@@ -54,7 +54,7 @@ def measure(model: str, strategy: str, batch: int, seq: int, precision: str) -> 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="gpt2,gpt2-medium")
-    ap.add_argument("--strategies", default=",".join([*STRATEGIES, *PIPE_STRATEGIES]))
+    ap.add_argument("--strategies", default=",".join([*NAMED_MESHES, *PIPE_STRATEGIES]))
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--precision", default="fp32")

@@ -64,7 +64,8 @@ def main() -> int:
     from jax.sharding import PartitionSpec as P
 
     from jaxpar import sharding as shd
-    from jaxpar.config import PRESETS, MeshConfig
+    from jaxpar.config import PRESETS, Config, MeshConfig, PipelineConfig, TrainConfig
+    from jaxpar.layout import build_layout
     from jaxpar.mesh import build_mesh
     from jaxpar.models import gpt2
     from jaxpar.parallel import pipeline as pp
@@ -74,8 +75,13 @@ def main() -> int:
     pol = get_policy("fp32")
     mesh = build_mesh(MeshConfig(pipe=S))
     params = gpt2.init_params(mc, 0)
-    rules = {**shd.param_rules(MeshConfig(pipe=S)), **pp.pipe_param_rules(mc, mesh)}
-    psh = shd.named(mesh, shd.param_specs(gpt2.param_axes(mc), rules))
+
+    def layout(M, R):  # the run's ParallelLayout for these settings: stages and rules
+        return build_layout(Config(model=mc, mesh=MeshConfig(pipe=S), train=TrainConfig(batch_size=a.batch),
+                                   pipeline=PipelineConfig(microbatches=M, repeats=R,
+                                                           schedule="circular" if R > 1 else "gpipe")), S)
+
+    psh = shd.named(mesh, layout(1, 1).param_specs(gpt2.param_axes(mc)))
     params = jax.device_put(params, psh)
     rng = np.random.default_rng(0)
     bsh = NamedSharding(mesh, P())
@@ -83,12 +89,12 @@ def main() -> int:
     y = jax.device_put(rng.integers(0, mc.vocab_size, (a.batch, a.seq)).astype(np.int32), bsh)
 
     def build(M, R, iterations):
-        layout = pp.make_layout([a.layers // (S * R)] * (S * R), S, R)
+        lay = layout(M, R)
 
         def loss(p, x, y):
             model = gpt2.GPT2(mc, p, pol)
-            h = pp.pipeline_blocks(mc, pol, mesh, layout, pp.to_stage_layout(p["h"], layout), model.embed(x), M,
-                                   rules, iterations=iterations)
+            h = pp.pipeline_blocks(mc, pol, mesh, lay, pp.to_stage_layout(p["h"], lay.stages), model.embed(x), M,
+                                   iterations=iterations)
             return gpt2.cross_entropy(model.head(h), y)
 
         return jax.jit(jax.value_and_grad(loss), in_shardings=(psh, bsh, bsh), out_shardings=(None, psh))

@@ -14,6 +14,7 @@ import time  # noqa: E402
 
 from gpt2common import data  # noqa: E402
 from jaxpar import config as C  # noqa: E402
+from jaxpar.layout import layer_cost  # noqa: E402
 from jaxpar.mesh import build_mesh  # noqa: E402
 from jaxpar.models import gpt2  # noqa: E402
 from jaxpar.parallel import pipeline as pp  # noqa: E402
@@ -24,7 +25,7 @@ from jaxpar.train import build_trainer, check_model_vs_mesh  # noqa: E402
 #    token: one block, the embedding lookup (~free) and ln_f + tied logits (2·D·V: ~3.4 blocks
 #    for GPT-2 small). If stage S-1 also computed the head it would get fewer layers:
 mc = C.PRESETS["gpt2"]
-layer = pp.layer_cost(mc, 1024)
+layer = layer_cost(mc, 1024)
 head = 2.0 * mc.n_embd * mc.vocab_size
 for S in (4, 5):
     lps = partition_layers([layer] * mc.n_layer, S, first_extra=0.0, last_extra=head)
@@ -39,12 +40,12 @@ for S in (4, 5):
 cfg = C.resolve(["model=gpt2-tiny", "model.n_layer=4", "mesh.pipe=2", "mesh.data=2", "mesh.tensor=2",
                  "pipeline.microbatches=4", "train.steps=8", "train.seq_len=32", "train.batch_size=16",
                  "train.lr=3e-3", "train.warmup_steps=0", "precision=fp32"])
-check_model_vs_mesh(cfg.model, cfg)
-info = pp.describe(cfg, cfg.mesh.pipe)
+layout = check_model_vs_mesh(cfg.model, cfg)  # the run's ParallelLayout: stages, rules, validated once
+info = pp.describe(cfg, layout)
 print(f"stages={info['stages']} layers_per_stage={info['layers_per_stage']} microbatches={info['microbatches']} "
       f"iterations={info['iterations']}")
 ds = data.Dataset.open(data.resolve_data("", "byte", tempfile.mkdtemp()), cfg.model.vocab_size, cfg.train.seq_len)
-trainer = build_trainer(cfg, build_mesh(cfg.mesh))
+trainer = build_trainer(cfg, build_mesh(cfg.mesh), layout)
 state = trainer.init_state(gpt2.init_params(cfg.model, cfg.seed))
 times = []
 for step in range(cfg.train.steps):

@@ -119,8 +119,6 @@ def evaluate(argv: list[str]) -> int:
     Runs on one device, or on the mesh given by `mesh.*` (through the pipeline if mesh.pipe > 1)."""
     import math
 
-    import numpy as np
-
     from gpt2common import data as data_lib
     from jaxpar.cli import split_config_flag
 
@@ -147,19 +145,12 @@ def evaluate(argv: list[str]) -> int:
     import jax
 
     from jaxpar import infer
+    from jaxpar.evaluation import mean_loss
 
     runner = infer.build_runner(cfg)
     params = runner.load(ckpt, hf_params)
-    row_nll = infer.make_row_nll(runner)
     B = runner.cfg.train.batch_size
-    total = 0.0
-    for i in range(0, len(xs), B):
-        x, y = xs[i:i + B], ys[i:i + B]
-        n_rows = len(x)
-        if n_rows < B:  # pad the last batch to the same shape (one compile); padded rows are dropped
-            x, y = (np.concatenate([a, np.zeros((B - n_rows, T), a.dtype)]) for a in (x, y))
-        total += float(row_nll(params, x, y)[:n_rows].sum())
-    n = int(xs.size)
+    total, n = mean_loss(runner.nll, runner.put, params, ((xs[i:i + B], ys[i:i + B]) for i in range(0, len(xs), B)), B)
     loss = total / n
     if not math.isfinite(loss):
         raise ConfigError(f"the loss of {ckpt or hf_dir!r} on data={data_arg!r} is {loss}: the weights are not usable")

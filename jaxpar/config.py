@@ -14,6 +14,7 @@ from typing import Any
 
 from gpt2common.grammar import ConfigError, field_types, load_yaml, parse_kv, parse_value
 from gpt2common.model import PRESETS, ModelConfig, check_shape, preset
+from jaxpar.groups import GROUP_NAMES
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ SCHEDULES = ("gpipe", "circular")
 GATHERS = ("step", "layer")  # pipeline.gather
 REMATS = ("none", "selective", "full")
 REMAT_ALIASES = {"true": "full", "false": "none"}  # train.remat used to be a bool
-PARAM_GROUPS = ("embed", "attn", "mlp")  # OSDP groups (jaxpar.sharding.PARAM_GROUPS)
+PARAM_GROUPS = GROUP_NAMES  # OSDP groups, defined in jaxpar.groups
 
 
 SECTIONS = {"model": ModelConfig, "mesh": MeshConfig, "pipeline": PipelineConfig, "train": TrainConfig, "eval": EvalConfig,
@@ -202,13 +203,19 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"pipeline.gather={cfg.pipeline.gather!r} must be one of {', '.join(GATHERS)}")
     if cfg.progress not in ("auto", "bar", "plain", "none"):
         raise ConfigError(f"progress={cfg.progress!r} must be one of auto, bar, plain, none")
-    mesh = dataclasses.asdict(cfg.mesh)
+    check_mesh_sizes(cfg.mesh)
+    return cfg
+
+
+def check_mesh_sizes(mc: MeshConfig) -> None:
+    """The rules a mesh obeys before devices are known (config.validate, mesh.resolve_mesh_config):
+    at most one -1 wildcard, every other size positive."""
+    mesh = dataclasses.asdict(mc)
     if sum(v == -1 for v in mesh.values()) > 1:
         raise ConfigError(f"at most one mesh axis may be -1 (got {mesh})")
     bad = {k: v for k, v in mesh.items() if v == 0 or v < -1}
     if bad:
         raise ConfigError(f"mesh sizes must be positive or -1 (got {bad})")
-    return cfg
 
 
 def resolve(args: list[str], config_file: str | None = None, base: Config | None = None) -> Config:

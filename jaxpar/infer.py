@@ -1,16 +1,16 @@
 """A trained model on a mesh, for `jaxpar eval` and `jaxpar sample` (forward passes only).
 
 The params are placed with exactly the shardings training uses for the same config
-(`train.build_trainer`: one rules table, one place), restored through `jaxpar.checkpoint.restore`
-whatever mesh wrote them. With `mesh.pipe > 1` the blocks run through the pipeline schedule
-(`parallel.pipeline.make_pipeline_logits_fn`), otherwise through the plain model under the
-activation rules. Sharding only reorders fp32 sums, so the numbers equal one device's within
-`tolerances.SHARDED_VS_SINGLE`.
+(`train.build_trainer` on the run's one `ParallelLayout`), restored through
+`jaxpar.checkpoint.restore` whatever mesh wrote them. The forward and the per-row NLL are
+`jaxpar.evaluation`'s (the trainer's own eval function): through the pipeline schedule when
+`mesh.pipe > 1`, otherwise the plain model under the layout's activation rules.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -21,10 +21,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxpar import sharding as shd
 from jaxpar.checkpoint import restore
 from jaxpar.config import Config, validate
-from jaxpar.logical import activation_rules
+from jaxpar.evaluation import make_logits_fn
 from jaxpar.mesh import resolve_mesh_config
 from jaxpar.models import gpt2
-from jaxpar.precision import get_policy
 
 
 @dataclasses.dataclass
@@ -34,6 +33,8 @@ class Runner:
     param_shardings: Any  # tree of NamedSharding, same tree as the params
     batch_sharding: NamedSharding  # (B, T) token arrays: rows over data x fsdp
     logits: Callable  # (params, tokens (B, T)) -> fp32 logits (B, T, V), not jitted
+    nll: Callable  # jit (params, inputs, targets) -> (B,) summed NLL per row (the trainer's eval_fn)
+    put: Callable  # numpy (B, T) -> global batch array
 
     @property
     def replicas(self) -> int:
@@ -57,40 +58,19 @@ def build_runner(cfg: Config, min_batch: bool = False) -> Runner:
     shardings and the forward function. Call after the devices are set up (`commands._devices_for`).
     Batches have `train.batch_size` rows, or with `min_batch` (sampling) the fewest the mesh
     takes: one per data replica and pipeline microbatch. No gradient accumulation in a forward."""
-    from jaxpar.train import build_trainer, check_model_vs_mesh
+    from jaxpar.train import build_trainer, resolve_layout
 
-    mc = resolve_mesh_config(cfg.mesh, jax.device_count())
+    mc = resolve_mesh_config(cfg.mesh, jax.device_count())  # the sizes decide the batch rows
     rows = mc.data * mc.fsdp * (cfg.pipeline.microbatches if mc.pipe > 1 else 1)
     tc = dataclasses.replace(cfg.train, grad_accum=1, **({"batch_size": rows} if min_batch else {}))
-    cfg = dataclasses.replace(cfg, mesh=mc, train=tc)
-    validate(cfg)
-    check_model_vs_mesh(cfg.model, cfg)
-    trainer = build_trainer(cfg)  # nothing is compiled until called: only its shardings are used
-    mesh = trainer.mesh
-    if mesh.shape["pipe"] > 1:
-        from jaxpar.parallel.pipeline import make_pipeline_logits_fn
-
-        logits = make_pipeline_logits_fn(cfg, mesh)
-    else:
-        rules, policy = shd.activation_rules(cfg.mesh), get_policy(cfg.precision)
-
-        def logits(params, tokens):
-            with activation_rules(mesh, rules):
-                return gpt2.forward(cfg.model, params, tokens, policy)
-
-    return Runner(cfg, mesh, trainer.state_shardings["params"], trainer.batch_sharding, logits)
-
-
-def make_row_nll(r: Runner) -> Callable:
-    """jit (params, inputs (B,T), targets (B,T)) -> (B,) summed token NLL per row, replicated."""
-    def row_nll(params, x, y):
-        return gpt2.token_nll(r.logits(params, x), y).sum(-1)
-
-    repl = NamedSharding(r.mesh, PartitionSpec())
-    jitted = jax.jit(row_nll, in_shardings=(r.param_shardings, r.batch_sharding, r.batch_sharding),
-                     out_shardings=repl)
-    return lambda params, x, y: np.asarray(jitted(params, shd.put_global_batch(x, r.batch_sharding),
-                                                  shd.put_global_batch(y, r.batch_sharding)))
+    cfg = validate(dataclasses.replace(cfg, mesh=mc, train=tc))
+    lay = resolve_layout(cfg, jax.device_count())  # every parallel decision, validated once
+    for w in lay.warnings:
+        print(w, file=sys.stderr)
+    trainer = build_trainer(cfg, layout=lay)  # nothing is compiled until called
+    logits = make_logits_fn(cfg, lay, trainer.mesh)
+    return Runner(cfg, trainer.mesh, trainer.state_shardings["params"], trainer.batch_sharding, logits,
+                  trainer.eval_fn, trainer.put_batch)
 
 
 def make_next_logits(r: Runner, width: int) -> Callable:

@@ -28,6 +28,7 @@ import dataclasses
 import json
 import math
 import re
+import sys
 from typing import Any
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -306,17 +307,15 @@ def compile_step(cfg, mesh=None, devices=None):
     import jax
     import numpy as np
 
-    from jaxpar.mesh import build_mesh, resolve_mesh_config
-    from jaxpar.train import build_trainer, check_model_vs_mesh
+    from jaxpar.mesh import build_mesh
+    from jaxpar.train import build_trainer, resolve_layout
 
     if mesh is None:
         devices = jax.devices() if devices is None else list(devices)
-        cfg = dataclasses.replace(cfg, mesh=resolve_mesh_config(cfg.mesh, len(devices)))
-        mesh = build_mesh(cfg.mesh, devices)
-    else:
-        cfg = dataclasses.replace(cfg, mesh=resolve_mesh_config(cfg.mesh, mesh.devices.size))
-    check_model_vs_mesh(cfg.model, cfg)
-    trainer = build_trainer(cfg, mesh)
+    lay = resolve_layout(cfg, len(devices) if mesh is None else mesh.devices.size)  # one layout, validated once
+    cfg = dataclasses.replace(cfg, mesh=lay.mesh)
+    mesh = build_mesh(cfg.mesh, devices) if mesh is None else mesh
+    trainer = build_trainer(cfg, mesh, lay)
     batch = jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.train.seq_len), np.int32,
                                  sharding=trainer.batch_sharding)
     compiled = trainer.step_fn.lower(trainer.abstract_state(), batch, batch).compile()
@@ -330,7 +329,8 @@ def inspect_step(cfg, mesh=None, devices=None) -> dict[str, Any]:
     th = theory_bytes(trainer.cfg)
     return {"mesh": dataclasses.asdict(trainer.cfg.mesh), "memory_per_device_bytes": memory_per_device(compiled),
             "collectives": {k: v for k, v in coll.items() if k != "ops"}, "theory": th,
-            "ratio": coll["total_wire_bytes"] / th["total"] if th["total"] else None, "ops": coll["ops"]}
+            "ratio": coll["total_wire_bytes"] / th["total"] if th["total"] else None, "ops": coll["ops"],
+            "warnings": list(trainer.layout.warnings)}
 
 
 def _mib(x: float) -> str:
@@ -369,6 +369,8 @@ def run_inspect(cfg) -> int:
 
     info = inspect_step(cfg)
     if jax.process_index() == 0:
+        for w in info["warnings"]:  # the layout's (e.g. a dominant pipeline bubble), as `jaxpar train` prints them
+            print(w, file=sys.stderr)
         print(format_report(cfg, info))
-        print(json.dumps({k: v for k, v in info.items() if k != "ops"}, separators=(",", ":")))
+        print(json.dumps({k: v for k, v in info.items() if k not in ("ops", "warnings")}, separators=(",", ":")))
     return 0

@@ -23,11 +23,12 @@ from gpt2common.outdir import make_out
 from jaxpar import rundir
 from jaxpar.checkpoint import Checkpointer, restore
 from jaxpar.config import Config, ConfigError, dumps, validate
+from jaxpar.evaluation import mean_loss
 from jaxpar.launch import LOST_PEER_EXIT
-from jaxpar.mesh import resolve_mesh_config
+from jaxpar.layout import ParallelLayout
 from jaxpar.metrics import METRICS_FILE, MetricsLogger, truncate_after
 from jaxpar.models import gpt2
-from jaxpar.train import build_trainer, check_model_vs_mesh, device_peak_flops
+from jaxpar.train import build_trainer, device_peak_flops, resolve_layout
 
 
 class _StopFlag:
@@ -50,8 +51,8 @@ class _StopFlag:
             signal.signal(s, h)
 
 
-def prepare_config(cfg: Config) -> tuple[Config, dict | None]:
-    """Resolve what depends on the machine and inputs: HF init weights, the mesh. No writes."""
+def prepare_config(cfg: Config) -> tuple[Config, ParallelLayout, dict | None]:
+    """Resolve what depends on the machine and inputs: HF init weights, the layout. No writes."""
     init_params = None
     if cfg.init:
         model_cfg, init_params = hf.load_hf(cfg.init)
@@ -59,10 +60,11 @@ def prepare_config(cfg: Config) -> tuple[Config, dict | None]:
         # override): model.dropout (default 0), never the HF config's resid_pdrop (0.1 in OpenAI's GPT-2).
         model_cfg = dataclasses.replace(model_cfg, dropout=cfg.model.dropout)
         cfg = dataclasses.replace(cfg, model=model_cfg, model_name=f"hf:{cfg.init}")
-    cfg = dataclasses.replace(cfg, mesh=resolve_mesh_config(cfg.mesh, jax.device_count()))
     validate(cfg)
-    check_model_vs_mesh(cfg.model, cfg)
-    return cfg, init_params
+    layout = resolve_layout(cfg, jax.device_count())  # every parallel decision, validated once
+    for w in layout.warnings:
+        print(w, file=sys.stderr)
+    return dataclasses.replace(cfg, mesh=layout.mesh), layout, init_params
 
 
 def _latest_step(out: str) -> int | None:
@@ -74,14 +76,11 @@ def _latest_step(out: str) -> int | None:
 
 
 def evaluate(trainer, params, ds: data_lib.Dataset, cfg: Config) -> float:
-    """Mean loss over `train.eval_batches` fixed validation batches."""
+    """Mean loss over `train.eval_batches` fixed validation batches (jaxpar.evaluation, as `jaxpar eval`)."""
     tc = cfg.train
-    total, count = 0.0, 0.0
-    for i in range(tc.eval_batches):
-        x, y = data_lib.val_batch(ds, tc.seq_len, tc.batch_size, cfg.seed, i)
-        s, n = trainer.eval_fn(params, trainer.put_batch(x), trainer.put_batch(y))
-        total, count = total + float(s), count + float(n)
-    return total / count
+    batches = (data_lib.val_batch(ds, tc.seq_len, tc.batch_size, cfg.seed, i) for i in range(tc.eval_batches))
+    total, n = mean_loss(trainer.eval_fn, trainer.put_batch, params, batches, tc.batch_size)
+    return total / n
 
 
 def _fault_injection() -> tuple[int, int] | None:
@@ -116,7 +115,7 @@ class NonFinite(Exception):
 
 
 def run_train(cfg: Config) -> int:
-    cfg, init_params = prepare_config(cfg)
+    cfg, layout, init_params = prepare_config(cfg)
     resume_step, restart = rundir.check_out_dir(cfg, _latest_step)  # writes nothing
     is_main = jax.process_index() == 0
     # Signals from here on stop the run at a step boundary: one before the first step is
@@ -125,7 +124,7 @@ def run_train(cfg: Config) -> int:
         if is_main:
             make_out(cfg.out)
         ds = _prepare_data(cfg, is_main)
-        trainer = build_trainer(cfg)
+        trainer = build_trainer(cfg, layout=layout)
         state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step)
         ckpt = Checkpointer(cfg.out)  # after the restore, which may have moved damaged steps aside
         try:

@@ -43,6 +43,7 @@ import os
 import sys
 
 from jaxpar.config import ConfigError, MeshConfig
+from jaxpar.layout import resolve_mesh_config, shown_sizes  # noqa: F401  (resolve_mesh_config: public API)
 
 AXES = ("data", "fsdp", "tensor", "pipe")  # canonical order of the mesh dims (names, specs, configs)
 PLACEMENT = ("pipe", "data", "fsdp", "tensor")  # device placement, outermost (slowest links) first
@@ -51,31 +52,8 @@ PLACEMENT = ("pipe", "data", "fsdp", "tensor")  # device placement, outermost (s
 # ----------------------------------------------------------------------------- sizes
 
 
-def _shown(sizes: dict) -> str:
-    return "×".join(f"{k}={v}" for k, v in sizes.items())
-
-
-def resolve_mesh_config(mc: MeshConfig, n_devices: int) -> MeshConfig:
-    """Fill the one -1 axis so the product equals `n_devices`; check the product.
-
-    Raises a one-line ConfigError naming the sizes and the device count."""
-    sizes = dataclasses.asdict(mc)
-    bad = {k: v for k, v in sizes.items() if v == 0 or v < -1}
-    if bad:
-        raise ConfigError(f"mesh sizes must be positive or -1 (got {_shown(bad)})")
-    fixed = math.prod(v for v in sizes.values() if v != -1)
-    wild = [k for k, v in sizes.items() if v == -1]
-    if len(wild) > 1:
-        raise ConfigError(f"at most one mesh axis may be -1 (got mesh {_shown(sizes)})")
-    if wild:
-        if n_devices % fixed:
-            raise ConfigError(f"mesh {_shown(sizes)}: {n_devices} devices are not divisible by the product "
-                              f"of the other axes ({fixed})")
-        sizes[wild[0]] = n_devices // fixed
-    elif fixed != n_devices:
-        raise ConfigError(f"mesh {_shown(sizes)} needs {fixed} devices but {n_devices} are available "
-                          f"(the product of mesh sizes must equal the device count)")
-    return MeshConfig(**sizes)
+# resolve_mesh_config (fill the -1, product == device count) is the layout's first rule; it is
+# re-exported here as part of the mesh API.
 
 
 def mesh_size(mc: MeshConfig) -> int:
@@ -112,7 +90,7 @@ def emulate_devices_for(mc: MeshConfig, env=None) -> int:
     if has_wild and "xla_force_host_platform_device_count" in env.get("XLA_FLAGS", ""):
         return 0
     if n % nprocs:
-        raise ConfigError(f"mesh {_shown(dataclasses.asdict(mc))} ({n} devices) cannot be split evenly over "
+        raise ConfigError(f"mesh {shown_sizes(dataclasses.asdict(mc))} ({n} devices) cannot be split evenly over "
                           f"{nprocs} processes")
     per = n // nprocs
     if per > 1 or "xla_force_host_platform_device_count" in env.get("XLA_FLAGS", ""):
@@ -158,7 +136,7 @@ def describe(mesh) -> str:
     kinds = sorted({f"{d.platform}:{d.device_kind}" for d in devs.flat})
     types = sorted({str(t).split(".")[-1] for t in getattr(mesh, "axis_types", ())}) or ["?"]
     lines = [
-        f"mesh: {_shown(shape)} = {n} devices, axis types {'/'.join(types)}",
+        f"mesh: {shown_sizes(shape)} = {n} devices, axis types {'/'.join(types)}",
         f"devices: {jax.device_count()} global ({jax.local_device_count()} local, {', '.join(kinds)}); "
         f"processes: {jax.process_count()} (this is process {jax.process_index()}); mesh spans {len(procs)}",
     ]

@@ -1,14 +1,15 @@
-"""Logical axis names -> mesh axes: one rules table per strategy, as data.
+"""Logical axis names -> mesh axes: one rules table per parallelism, as data.
 
 The model names logical dims (`batch, seq, embed, heads, head_dim, mlp, vocab, layers`);
 these tables say which mesh axis each name is split over. Parameter rules and activation
 rules are separate tables (MaxText `logical_axis_rules`, Levanter's parameter/activation
-maps). `param_rules(mesh_cfg)` composes the tables of the axes in use, in the documented
-order data -> fsdp -> tensor (later tables add names; no name is claimed twice). The
-`pipe` axis is never used here: the pipeline schedule (`jaxpar.parallel.pipeline`) places
-stages itself.
+maps). The tables themselves, their composition (`param_rules`: data -> fsdp -> tensor ->
+pipe) and the per-group choice live in `jaxpar.layout` (jax-free, resolved once per run into a
+`ParallelLayout`); this module turns rules into PartitionSpecs / NamedShardings and places
+batches. `layers -> pipe` (the stacked block dim over `pipe`) is a layout rule that applies only
+when a pipeline runs; `resolved_param_specs` shows the rules without it.
 
-What each strategy means for GPT-2 (shapes in `jaxpar.models.gpt2`):
+What each parallelism means for GPT-2 (shapes in `jaxpar.models.gpt2`):
 
 * data (DP): every parameter replicated; the batch dim split over `data` (and `fsdp`);
   gradients all-reduced over the batch axes once per step (2(N-1)/N·Ψ per device, ring).
@@ -21,7 +22,7 @@ What each strategy means for GPT-2 (shapes in `jaxpar.models.gpt2`):
   attn.c_proj / mlp.c_proj row-parallel (one all-reduce of (b, s, h) after each in forward,
   one before each in backward); `vocab` over `tensor` makes the tied embedding
   vocab-parallel (lookup and logits). Needs n_head, 4·n_embd and vocab_size divisible by
-  `tensor` (`train.check_model_vs_mesh`).
+  `tensor` (`layout.mesh_problem`).
 * products compose: data×fsdp×tensor splits the batch over data·fsdp, each parameter on
   embed over fsdp and on heads/mlp/vocab over tensor.
 """
@@ -32,56 +33,16 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxpar.config import MeshConfig
+from jaxpar.layout import (  # noqa: F401  (the tables, re-exported for library users)
+    ACTIVATION_RULES,
+    BATCH_AXES,
+    DP_PARAM_RULES,
+    FSDP_PARAM_RULES,
+    NAMED_MESHES,
+    TP_PARAM_RULES,
+    param_rules,
+)
 from jaxpar.logical import spec_for
-
-BATCH_AXES = ("data", "fsdp")  # the batch dim is split over every data-parallel axis
-
-# ---- parameter rules (one table per strategy; composed by `param_rules`)
-# Data parallel: nothing sharded, params replicated.
-DP_PARAM_RULES: dict = {}
-# FSDP / ZeRO-3: params (hence grads and optimizer state) sharded on their embed dim over fsdp.
-FSDP_PARAM_RULES = {"embed": "fsdp"}
-# Tensor (Megatron): heads / mlp / vocab over tensor -> qkv & c_fc column-parallel,
-# c_proj row-parallel, vocab-parallel embedding and logits.
-TP_PARAM_RULES = {"heads": "tensor", "mlp": "tensor", "vocab": "tensor"}
-
-# ---- per-group OSDP (`sharding.replicate=embed,attn,mlp`): parameter groups, by path prefix,
-# that keep the data-parallel rules (replicated over fsdp) while the others are ZeRO-3 sharded.
-# Same groups as the planner's cost model (jaxpar.planner.cost.GROUPS).
-PARAM_GROUPS = {
-    "embed": ("wte", "wpe", "ln_f"),
-    "attn": ("h.ln_1", "h.attn"),
-    "mlp": ("h.ln_2", "h.mlp"),
-}
-
-# ---- activation rules: batch over the data-parallel axes; inside a block the head / mlp
-# dims follow the parameters' tensor split; the residual stream (embed) stays whole
-# (no sequence parallelism), so each row-parallel matmul ends in one all-reduce.
-ACTIVATION_RULES = {"batch": BATCH_AXES, "heads": "tensor", "mlp": "tensor", "vocab": "tensor"}
-
-# Named strategies (used by the golden snapshot, the examples and the comm benchmark).
-STRATEGIES: dict[str, MeshConfig] = {
-    "dp": MeshConfig(data=8),
-    "fsdp": MeshConfig(fsdp=8),
-    "tp": MeshConfig(tensor=4, data=2),
-    "dp_fsdp_tp": MeshConfig(data=2, fsdp=2, tensor=2),
-}
-
-
-def param_rules(mc: MeshConfig, replicated: bool = False) -> dict:
-    """Parameter rules for the axes in use (size != 1), composed data -> fsdp -> tensor.
-    replicated: an OSDP group kept whole over fsdp (the fsdp table is skipped)."""
-    rules: dict = dict(DP_PARAM_RULES)
-    if mc.fsdp != 1 and not replicated:
-        rules.update(FSDP_PARAM_RULES)
-    if mc.tensor != 1:
-        rules.update(TP_PARAM_RULES)
-    return rules
-
-
-def activation_rules(mc: MeshConfig) -> dict:
-    """Activation rules (names mapped to size-1 axes are harmless no-ops)."""
-    return dict(ACTIVATION_RULES)
 
 
 def param_specs(axes_tree, rules) -> dict:
@@ -91,33 +52,6 @@ def param_specs(axes_tree, rules) -> dict:
     return jax.tree.map(lambda a: spec_for(a, rules), axes_tree, is_leaf=lambda x: isinstance(x, tuple))
 
 
-def group_of(path: str) -> str:
-    """OSDP group of a dotted parameter path ("h.attn.c_attn.weight" -> "attn")."""
-    for g, prefixes in PARAM_GROUPS.items():
-        if any(path == p or path.startswith(p + ".") for p in prefixes):
-            return g
-    raise KeyError(path)
-
-
-def grouped_param_specs(axes_tree, mc: MeshConfig, replicate=(), extra_rules: dict | None = None) -> dict:
-    """param_specs with per-group rules: groups in `replicate` skip the fsdp table.
-    `extra_rules` (e.g. the pipeline's `layers` -> pipe) apply to every group."""
-    import jax
-
-    extra = extra_rules or {}
-    by_group = {g: {**param_rules(mc, g in replicate), **extra} for g in PARAM_GROUPS}
-
-    def one(path, a):
-        return spec_for(a, by_group[group_of(".".join(k.key for k in path))])
-
-    return jax.tree_util.tree_map_with_path(one, axes_tree, is_leaf=lambda x: isinstance(x, tuple))
-
-
-def block_group_rules(mc: MeshConfig, replicate=()) -> dict:
-    """Rules per top-level block key (ln_1, attn, ln_2, mlp): for code that walks BLOCK_AXES."""
-    return {k: param_rules(mc, group_of(f"h.{k}") in replicate) for k in ("ln_1", "attn", "ln_2", "mlp")}
-
-
 def named(mesh, specs):
     """Tree of PartitionSpec -> tree of NamedSharding on `mesh`."""
     import jax
@@ -125,9 +59,9 @@ def named(mesh, specs):
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
-def batch_spec() -> PartitionSpec:
+def batch_spec(batch_axes=BATCH_AXES) -> PartitionSpec:
     """(B, T) token arrays: rows over the data-parallel axes."""
-    return PartitionSpec(BATCH_AXES, None)
+    return PartitionSpec(batch_axes, None)
 
 
 def spec_to_json(spec: PartitionSpec) -> list:

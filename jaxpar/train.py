@@ -22,8 +22,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxpar import sharding as shd
 from jaxpar.config import Config, ConfigError, ModelConfig, TrainConfig
+from jaxpar.layout import ParallelLayout, build_layout
 from jaxpar.logical import activation_rules
-from jaxpar.mesh import build_mesh
+from jaxpar.mesh import build_mesh, mesh_size
 from jaxpar.models import gpt2
 from jaxpar.parallel import tied
 from jaxpar.precision import get_policy
@@ -76,12 +77,13 @@ class Trainer:
     """Everything compiled for one (config, mesh): shardings, init and step functions."""
 
     cfg: Config
+    layout: ParallelLayout
     mesh: Any
     tx: optax.GradientTransformation
     state_shardings: Any
     batch_sharding: NamedSharding
     step_fn: Callable  # (state, inputs, targets) -> (state, metrics)
-    eval_fn: Callable  # (params, inputs, targets) -> (sum_nll, n_tokens)
+    eval_fn: Callable  # (params, inputs, targets) -> (B,) summed token NLL per row (jaxpar.evaluation)
     schedule: optax.Schedule  # learning rate at step count
     # (state, inputs, targets, stop (n_devices,) int32) -> (state, metrics + "stop"): the loop's step
     loop_step_fn: Callable = None
@@ -115,18 +117,19 @@ class Trainer:
                                             lambda idx: np.full((len(range(n)[idx[0]]),), int(flag), np.int32))
 
 
-def make_loss_fn(cfg: Config, mesh) -> Callable:
+def make_loss_fn(cfg: Config, mesh, layout: ParallelLayout | None = None) -> Callable:
     """(params, inputs (B,T), targets (B,T), key|None) -> mean fp32 loss, with activation rules on."""
-    if mesh.shape.get("pipe", 1) > 1:  # blocks pipelined over `pipe`: jaxpar.parallel.pipeline
+    lay = layout or build_layout(cfg, mesh.devices.size)
+    if lay.pipelined:  # blocks pipelined over `pipe`: jaxpar.parallel.pipeline
         from jaxpar.parallel.pipeline import make_pipeline_loss_fn
 
-        return make_pipeline_loss_fn(cfg, mesh)
+        return make_pipeline_loss_fn(cfg, lay, mesh)
     from jaxpar.parallel import fsdp
 
     if fsdp.applies(cfg, mesh):  # ZeRO-3 with explicit reduce-scatters: jaxpar.parallel.fsdp
-        return fsdp.make_fsdp_loss_fn(cfg, mesh)
+        return fsdp.make_fsdp_loss_fn(cfg, mesh, lay)
     policy, mc = get_policy(cfg.precision), cfg.model
-    rules = shd.activation_rules(cfg.mesh)
+    rules = lay.activation_rules
     groups = tied.groups_for(mesh)
     if groups > 1:  # the batch split moves to the vmapped group dim: jaxpar.parallel.tied
         rules = {**rules, "batch": None}
@@ -139,30 +142,30 @@ def make_loss_fn(cfg: Config, mesh) -> Callable:
     # data parallel: the tied wte gradient (lookup + head) is summed before its one reduction
     if groups == 1:
         return loss
-    wte_spec = shd.param_specs(gpt2.param_axes(mc), shd.param_rules(cfg.mesh))["wte"]["weight"]
+    wte_spec = lay.param_specs(gpt2.param_axes(mc))["wte"]["weight"]
     return tied.grouped_loss(loss, mesh, groups, wte_spec)
 
 
-def build_trainer(cfg: Config, mesh=None) -> Trainer:
-    """Compile-ready trainer for `cfg` on `mesh` (built from cfg.mesh over all devices if None)."""
-    mesh = build_mesh(cfg.mesh) if mesh is None else mesh
+def build_trainer(cfg: Config, mesh=None, layout: ParallelLayout | None = None) -> Trainer:
+    """Compile-ready trainer for `cfg` on `mesh` (built from cfg.mesh over all devices if None).
+    layout: the run's resolved ParallelLayout (built from cfg and the mesh's device count if None)."""
+    from jaxpar.evaluation import make_nll_fn
+
+    lay = layout or build_layout(cfg, jax.device_count() if mesh is None else mesh.devices.size)
+    cfg = dataclasses.replace(cfg, mesh=lay.mesh)
+    mesh = build_mesh(lay.mesh) if mesh is None else mesh
     tc = cfg.train
     tx = make_optimizer(tc)
-    extra: dict = {}
-    if mesh.shape.get("pipe", 1) > 1:  # stacked `layers` dim over `pipe` (stage ownership)
-        from jaxpar.parallel.pipeline import pipe_param_rules
-
-        extra = pipe_param_rules(cfg.model, mesh)
-    # per-group OSDP: groups in sharding.replicate stay whole over fsdp, the rest ZeRO-3
-    param_specs = shd.grouped_param_specs(gpt2.param_axes(cfg.model), cfg.mesh, cfg.sharding.replicate, extra)
+    # per-group OSDP (groups in sharding.replicate stay whole over fsdp) and layers -> pipe: the layout's rules
+    param_specs = lay.param_specs(gpt2.param_axes(cfg.model))
     abstract = gpt2.abstract_params(cfg.model)
     opt_specs = optax.tree_map_params(tx, lambda _, s: s, jax.eval_shape(tx.init, abstract), param_specs,
                                       transform_non_params=lambda _: PartitionSpec(),
                                       is_leaf=lambda x: isinstance(x, PartitionSpec))
     specs = {"step": PartitionSpec(), "params": param_specs, "opt_state": opt_specs}
     state_sh = shd.named(mesh, specs)
-    batch_sh = NamedSharding(mesh, shd.batch_spec())
-    loss_fn = make_loss_fn(cfg, mesh)
+    batch_sh = NamedSharding(mesh, shd.batch_spec(lay.batch_axes))
+    loss_fn = make_loss_fn(cfg, mesh, lay)
     grad_fn = jax.value_and_grad(loss_fn)
     accum = tc.grad_accum
     use_dropout = cfg.model.dropout > 0
@@ -176,7 +179,7 @@ def build_trainer(cfg: Config, mesh=None) -> Trainer:
             B, T = inputs.shape
             split = lambda a: a.reshape(B // accum, accum, T).swapaxes(0, 1)  # noqa: E731
             xs, ys = split(inputs), split(targets)
-            mb_spec = NamedSharding(mesh, PartitionSpec(None, *shd.batch_spec()))
+            mb_spec = NamedSharding(mesh, PartitionSpec(None, *shd.batch_spec(lay.batch_axes)))
             xs, ys = jax.lax.with_sharding_constraint((xs, ys), mb_spec)
 
             def body(carry, mb):
@@ -210,11 +213,6 @@ def build_trainer(cfg: Config, mesh=None) -> Trainer:
         new, m = train_step(state, inputs, targets)
         return new, {**m, "stop": jnp.max(stop) > 0}
 
-    def eval_step(params, inputs, targets):
-        logits = _forward(cfg, mesh, params, inputs)
-        nll = gpt2.token_nll(logits, targets)
-        return nll.sum(), jnp.asarray(nll.size, jnp.float32)
-
     repl = NamedSharding(mesh, PartitionSpec())
     metrics_sh = {"loss": repl, "grad_norm": repl, "finite": repl}
     step_fn = jax.jit(train_step, in_shardings=(state_sh, batch_sh, batch_sh),
@@ -222,13 +220,8 @@ def build_trainer(cfg: Config, mesh=None) -> Trainer:
     flag_sh = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))
     loop_step_fn = jax.jit(loop_step, in_shardings=(state_sh, batch_sh, batch_sh, flag_sh),
                            out_shardings=(state_sh, {**metrics_sh, "stop": repl}), donate_argnums=0)
-    eval_fn = jax.jit(eval_step, in_shardings=(state_sh["params"], batch_sh, batch_sh), out_shardings=(repl, repl))
-    return Trainer(cfg, mesh, tx, state_sh, batch_sh, step_fn, eval_fn, lr_schedule(tc), loop_step_fn, flag_sh)
-
-
-def _forward(cfg: Config, mesh, params, inputs):
-    with activation_rules(mesh, shd.activation_rules(cfg.mesh)):
-        return gpt2.forward(cfg.model, params, inputs, get_policy(cfg.precision))
+    eval_fn = make_nll_fn(cfg, lay, mesh, state_sh["params"], batch_sh)
+    return Trainer(cfg, lay, mesh, tx, state_sh, batch_sh, step_fn, eval_fn, lr_schedule(tc), loop_step_fn, flag_sh)
 
 
 # ----------------------------------------------------------------------------- metrics helpers
@@ -263,26 +256,16 @@ def device_peak_flops(cfg: Config) -> float:
     return measured_cpu_peak() / max(len(jax.devices()), 1) if jax.devices()[0].platform == "cpu" else math.nan
 
 
-def check_model_vs_mesh(mc: ModelConfig, cfg: Config) -> None:
-    """Divisibility that sharding needs (cfg.mesh already resolved); one-line errors naming values."""
-    mesh, tc = cfg.mesh, cfg.train
+def resolve_layout(cfg: Config, n_devices: int) -> ParallelLayout:
+    """The run's ParallelLayout for `n_devices`, after the one check that needs the backend; every
+    mesh, divisibility and pipeline rule is `jaxpar.layout.build_layout`'s."""
+    mc = cfg.model
     if mc.attention == "cudnn" and jax.default_backend() != "gpu":
         raise ConfigError(f"model.attention=cudnn needs a GPU (this backend: {jax.default_backend()}); "
                           "use model.attention=auto or xla")
-    if mesh.pipe > 1:  # stages vs layers, layers_per_stage, microbatches, repeats (+ M < S warning)
-        from jaxpar.parallel.pipeline import check_pipeline
+    return build_layout(cfg, n_devices)
 
-        check_pipeline(cfg)
-    if mesh.tensor > 1:
-        for name, v in (("model.n_head", mc.n_head), ("model.n_embd", mc.n_embd),
-                        ("4*model.n_embd", 4 * mc.n_embd), ("model.vocab_size", mc.vocab_size)):
-            if v % mesh.tensor:
-                raise ConfigError(f"{name}={v} is not divisible by mesh.tensor={mesh.tensor}")
-    if mesh.fsdp > 1 and mc.n_embd % mesh.fsdp:
-        raise ConfigError(f"model.n_embd={mc.n_embd} is not divisible by mesh.fsdp={mesh.fsdp}")
-    dp = mesh.data * mesh.fsdp
-    mb = cfg.pipeline.microbatches if mesh.pipe > 1 else 1
-    if tc.batch_size % (dp * tc.grad_accum * mb):
-        what = "mesh.data×mesh.fsdp×train.grad_accum" + ("×pipeline.microbatches" if mb > 1 else "")
-        vals = f"{mesh.data}×{mesh.fsdp}×{tc.grad_accum}" + (f"×{mb}" if mb > 1 else "")
-        raise ConfigError(f"train.batch_size={tc.batch_size} is not divisible by {what}={vals}")
+
+def check_model_vs_mesh(mc: ModelConfig, cfg: Config) -> ParallelLayout:
+    """`resolve_layout` for a config whose mesh is already resolved (sizes, no -1)."""
+    return resolve_layout(dataclasses.replace(cfg, model=mc), mesh_size(cfg.mesh))

@@ -118,7 +118,7 @@ def _divisors(n: int, cap: int) -> list[int]:
 def _meshes(n_layer: int, n_head: int, n_embd: int, vocab: int) -> list[dict]:
     """(data, fsdp, tensor, pipe, microbatches, schedule, repeats) jaxpar's checks accept for this
     shape on <= 8 devices, ignoring the batch (drawn after the mesh so that it divides)."""
-    with contextlib.redirect_stderr(io.StringIO()):  # check_pipeline's bubble warnings
+    with contextlib.redirect_stderr(io.StringIO()):  # nothing is printed (warnings ride on the layout); kept as a guard
         return _valid_meshes(n_layer, n_head, n_embd, vocab)
 
 

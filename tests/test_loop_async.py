@@ -36,9 +36,11 @@ def test_async_records_equal_a_synchronous_loop(tmp_path):
         state, m = tr.step_fn(state, tr.put_batch(x), tr.put_batch(y))
         rec = {"loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]), "lr": float(tr.schedule(step))}
         if (step + 1) % tc.eval_every == 0:
-            sums = [tr.eval_fn(state["params"], *(tr.put_batch(a) for a in data_lib.val_batch(
-                ds, tc.seq_len, tc.batch_size, cfg.seed, i))) for i in range(tc.eval_batches)]
-            rec["val_loss"] = sum(float(s) for s, _ in sums) / sum(float(n) for _, n in sums)
+            from jaxpar.evaluation import mean_loss
+
+            total, n = mean_loss(tr.eval_fn, tr.put_batch, state["params"], (data_lib.val_batch(
+                ds, tc.seq_len, tc.batch_size, cfg.seed, i) for i in range(tc.eval_batches)), tc.batch_size)
+            rec["val_loss"] = total / n
         ref.append(rec)
 
     assert [r["step"] for r in recs] == [1, 2, 3, 4, 5]

@@ -31,8 +31,8 @@ def test_resolve_fills_wildcard():
      "(the product of mesh sizes must equal the device count)"),
     (MeshConfig(data=-1, tensor=3), 8,
      "mesh data=-1×fsdp=1×tensor=3×pipe=1: 8 devices are not divisible by the product of the other axes (3)"),
-    (MeshConfig(data=-1, fsdp=-1), 8, "at most one mesh axis may be -1 (got mesh data=-1×fsdp=-1×tensor=1×pipe=1)"),
-    (MeshConfig(tensor=0), 8, "mesh sizes must be positive or -1 (got tensor=0)"),
+    (MeshConfig(data=-1, fsdp=-1), 8, "at most one mesh axis may be -1 (got {'data': -1, 'fsdp': -1, 'tensor': 1, 'pipe': 1})"),
+    (MeshConfig(tensor=0), 8, "mesh sizes must be positive or -1 (got {'tensor': 0})"),
 ])
 def test_resolve_errors_are_one_line_and_name_values(mc, n, msg):
     with pytest.raises(ConfigError) as e:

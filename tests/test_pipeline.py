@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from jaxpar.config import PRESETS, Config, ConfigError, MeshConfig, PipelineConfig, TrainConfig
-from jaxpar.parallel.pipeline import bubble_theory, check_pipeline, make_layout, n_iterations, schedule_table
+from jaxpar.layout import build_layout, make_stage_layout
+from jaxpar.parallel.pipeline import bubble_theory, n_iterations, schedule_table
 from jaxpar.tolerances import PIPELINE_FORWARD, SHARDED_VS_SINGLE
 
 STEPS = 5
@@ -57,6 +58,7 @@ def _rel(a, b) -> float:
 def _train_worker(names: list[str]) -> dict:
     import jax
 
+    from jaxpar.evaluation import mean_loss
     from jaxpar.mesh import build_mesh
     from jaxpar.models import gpt2
     from jaxpar.train import build_trainer, make_loss_fn
@@ -83,6 +85,11 @@ def _train_worker(names: list[str]) -> dict:
                      in_shardings=(psh, tr.batch_sharding, tr.batch_sharding), out_shardings=(None, psh))
         update = jax.jit(lambda g, o, p: (lambda u, o2: (optax.apply_updates(p, u), o2))(*tr.tx.update(g, o, p)))
         state = tr.init_state(gpt2.init_params(model, 0))
+        # the one eval path (loop's val_loss and `jaxpar eval`) on the initial params, and whether
+        # its step runs the pipeline schedule (a collective-permute between stages)
+        x0, y0 = tr.put_batch(batches[0][0]), tr.put_batch(batches[0][1])
+        total, n = mean_loss(tr.eval_fn, tr.put_batch, state["params"], [batches[0]], 8)
+        ev = {"loss": total / n, "permutes": tr.eval_fn.lower(state["params"], x0, y0).as_text().count("collective_permute")}
         params, opt, losses, g0 = state["params"], state["opt_state"], [], None
         for x, y in batches:
             loss, g = vg(params, tr.put_batch(x), tr.put_batch(y))
@@ -90,16 +97,16 @@ def _train_worker(names: list[str]) -> dict:
             losses.append(float(loss))
             params, opt = update(g, opt, params)
         g0 = {jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(g0)[0]}
-        return losses, g0, str(psh["h"]["mlp"]["c_fc"]["weight"].spec)
+        return losses, g0, str(psh["h"]["mlp"]["c_fc"]["weight"].spec), ev
 
     out, refs = {}, {}
     for name in names:
         sizes, pipe_kw, n_layer, *train_kw = CASES[name]
         if n_layer not in refs:
             refs[n_layer] = run({}, {}, n_layer)
-        ref_l, ref_g, _ = refs[n_layer]
-        losses, g, spec = run(sizes, pipe_kw, n_layer, *train_kw)
-        out[name] = {"losses": losses, "ref_losses": ref_l,
+        ref_l, ref_g, _, ref_ev = refs[n_layer]
+        losses, g, spec, ev = run(sizes, pipe_kw, n_layer, *train_kw)
+        out[name] = {"losses": losses, "ref_losses": ref_l, "eval": ev, "ref_eval": ref_ev,
                      "loss_rel": [abs(a - b) / abs(b) for a, b in zip(losses, ref_l)],
                      "grad_rel": {k: _rel(g[k], ref_g[k]) for k in ref_g}, "c_fc_spec": spec}
     return out
@@ -110,10 +117,9 @@ def _forward_worker() -> dict:
     import jax
     import jax.numpy as jnp
 
-    from jaxpar import sharding as shd
     from jaxpar.mesh import build_mesh
     from jaxpar.models import gpt2
-    from jaxpar.parallel.pipeline import make_layout, pipeline_blocks, to_stage_layout
+    from jaxpar.parallel.pipeline import pipeline_blocks, to_stage_layout
     from jaxpar.precision import get_policy
 
     pol = get_policy("fp32")
@@ -129,9 +135,11 @@ def _forward_worker() -> dict:
         ref = jax.jit(lambda h, xx: gpt2.run_blocks(mc, pol, h, xx))(params["h"], x)
         mesh = build_mesh(MeshConfig(**sizes), jax.devices()[:sizes["pipe"]])
         S = sizes["pipe"]
-        layout = make_layout(lps, S, R)
-        f = jax.jit(lambda h, xx: pipeline_blocks(mc, pol, mesh, layout, to_stage_layout(h, layout), xx, M,
-                                                  shd.param_rules(MeshConfig(**sizes))))
+        lay = build_layout(Config(model=mc, mesh=MeshConfig(**sizes), train=TrainConfig(batch_size=8, seq_len=32),
+                                  pipeline=PipelineConfig(microbatches=M, repeats=R, layers_per_stage=lps,
+                                                          schedule="circular" if R > 1 else "gpipe")), S)
+        assert lay.stages.layers_per_stage == lps
+        f = jax.jit(lambda h, xx: pipeline_blocks(mc, pol, mesh, lay, to_stage_layout(h, lay.stages), xx, M))
         y = f(params["h"], jnp.asarray(x))
         out[name] = {"rel": _rel(np.asarray(y), np.asarray(ref)), "layers": L}
     return out
@@ -178,11 +186,11 @@ def test_circular_feedback_arrives_before_it_is_needed():
 
 
 def test_layout_pads_and_masks_nonuniform_stages():
-    lay = make_layout((3, 2, 3), 3, 1)
+    lay = make_stage_layout((3, 2, 3), 3, 1)
     assert lay.lmax == 3 and not lay.uniform
     assert lay.index.tolist() == [[[0, 1, 2], [3, 4, 4], [5, 6, 7]]]
     assert lay.valid.tolist() == [[[True] * 3, [True, True, False], [True] * 3]]
-    circ = make_layout((1, 1, 1, 1), 2, 2)  # virtual stage v = r*S + s
+    circ = make_stage_layout((1, 1, 1, 1), 2, 2)  # virtual stage v = r*S + s
     assert circ.index[:, :, 0].tolist() == [[0, 1], [2, 3]] and circ.uniform
 
 
@@ -205,18 +213,28 @@ def _cfg(n_layer=4, pipe=2, batch=8, data=1, **pipe_kw):
 ])
 def test_config_errors_are_one_line(kw, msg):
     with pytest.raises(ConfigError) as e:
-        check_pipeline(_cfg(**kw), warn=False)
+        _layout(_cfg(**kw))
     assert str(e.value) == msg
 
 
+def _layout(cfg):
+    return build_layout(cfg, cfg.mesh.data * cfg.mesh.pipe)
+
+
+def _lps(cfg):
+    return _layout(cfg).stages.layers_per_stage
+
+
 def test_auto_partition_and_bubble_warning(capsys):
-    assert check_pipeline(_cfg(microbatches=4, data=2, batch=8), warn=False) == (2, 2)  # 4 | per-replica 4
-    assert check_pipeline(_cfg(n_layer=8, pipe=3, microbatches=4), warn=False) in {(3, 3, 2), (3, 2, 3), (2, 3, 3)}
-    assert check_pipeline(_cfg(n_layer=8, pipe=2, microbatches=4, schedule="circular", repeats=2)) == (2, 2, 2, 2)
+    assert _lps(_cfg(microbatches=4, data=2, batch=8)) == (2, 2)  # 4 | per-replica 4
+    assert _lps(_cfg(n_layer=8, pipe=3, microbatches=4)) in {(3, 3, 2), (3, 2, 3), (2, 3, 3)}
+    lay = _layout(_cfg(n_layer=8, pipe=2, microbatches=4, schedule="circular", repeats=2))
+    assert lay.stages.layers_per_stage == (2, 2, 2, 2) and lay.warnings == ()
+    # the layout carries the warning; the command prints it once (library code prints nothing)
+    assert _layout(_cfg(n_layer=4, pipe=4, microbatches=2)).warnings == (
+        "warning: pipeline.microbatches=2 < mesh.pipe=4 stages: the pipeline bubble (60% of stage time idle) "
+        "will dominate",)
     assert capsys.readouterr().err == ""
-    check_pipeline(_cfg(n_layer=4, pipe=4, microbatches=2))
-    assert capsys.readouterr().err == ("warning: pipeline.microbatches=2 < mesh.pipe=4 stages: the pipeline bubble "
-                                       "(60% of stage time idle) will dominate\n")
 
 
 # ----------------------------------------------------------------------------- multi-device
@@ -240,6 +258,11 @@ def _check(r):
     assert len(r["grad_rel"]) == 16
     worst = max(r["grad_rel"].items(), key=lambda kv: kv[1])
     assert worst[1] <= tol["grad"], worst
+    # evaluation (train's val_loss and `jaxpar eval`: one function) runs through the pipeline and
+    # equals the pipe=1 eval loss; at init the loss is near ln(256) = 5.55 (byte vocab)
+    ev, ref = r["eval"], r["ref_eval"]
+    assert abs(ev["loss"] - ref["loss"]) <= tol["loss"] * ref["loss"] and abs(ref["loss"] - 5.55) < 0.5, (ev, ref)
+    assert ref["permutes"] == 0 and ev["permutes"] > 0, (ev, ref)
 
 
 @pytest.fixture(scope="module")

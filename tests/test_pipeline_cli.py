@@ -69,3 +69,18 @@ def test_microbatches_not_dividing_batch_exit_2(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "pipeline.microbatches" in lines[0] \
         and "3" in lines[0], lines
+
+
+def test_bubble_warning_is_printed_once_by_the_command(tmp_path):
+    """The layout carries the M < S warning; `jaxpar train` prints it once (it was printed by
+    library code, once per check). The run then stops at the next check (out is not empty), so
+    nothing is compiled."""
+    out = tmp_path / "x"
+    out.mkdir()
+    (out / "stray").write_text("")
+    r = run(["train", "mesh.pipe=2", "pipeline.microbatches=1", *COMMON, f"out={out}"])
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [
+        "warning: pipeline.microbatches=1 < mesh.pipe=2 stages: the pipeline bubble (50% of stage time idle) "
+        "will dominate",
+        f"error: out={str(out)!r} is not empty; pass resume=true to continue it or choose another out"]

@@ -14,11 +14,15 @@ step and reports; the tests below assert on its JSON:
   bytes, writes nothing, and its numbers are the closed-form ones.
 * `sharding.replicate=embed,mlp` numerics: loss and step-1 gradient equal HF transformers'.
 
-Regenerate the golden deliberately: python tests/test_policy_shardings.py --regen
+* golden snapshot of what the trainer compiles: the input sharding of every parameter and of
+  the batch in the lowered step, for dp, fsdp, tp, dp×fsdp×tp, a pipeline and per-group replication.
+
+Regenerate the goldens deliberately: python tests/test_policy_shardings.py --regen
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -29,6 +33,9 @@ import numpy as np
 import pytest
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "gpt2_activation_shardings.json")
+# What the trainer compiles: the input sharding of every parameter and of the batch in the lowered
+# train step's signature, per layout (the 4 named meshes + a pipeline + per-group replication).
+GOLDEN_COMPILED = os.path.join(os.path.dirname(__file__), "golden", "gpt2_compiled_shardings.json")
 B, T = 8, 32  # gpt2-tiny: D=128, N=4, head_dim=32, F=512, V=256 -> every key activation has its own shape
 ACTIVATIONS = {  # lowered tensor type -> (name, logical axes)
     "8x32x128xbf16": "residual (batch, seq, embed)",
@@ -77,6 +84,26 @@ def activation_shardings(step_text: str, sizes: dict) -> dict:
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 
+def input_shardings(step_text: str, args) -> dict:
+    """{"params.h.attn.c_attn.weight": [[], ["fsdp"], [], ["tensor"], []], "inputs": [["data", "fsdp"], []],
+    ...}: the mesh axes of each dim of every parameter and batch argument, read from the lowered
+    step's signature (`%arg3: tensor<2x128xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"fsdp"}]>`),
+    i.e. what jit was given and the compiled step takes. Optimizer state is left out (it
+    follows the params: `optax.tree_map_params`)."""
+    import jax
+
+    sig = step_text[step_text.index("@main("):]
+    sig = sig[:sig.index("\n")]
+    found = dict(re.findall(r"%arg(\d+): tensor<[^>]*> \{sdy\.sharding = #sdy\.sharding<@mesh, (\[.*?\])>", sig))
+    out = {}
+    for i, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(args)[0]):
+        keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
+        name = {1: "inputs", 2: "targets"}.get(keys[0]) or (keys[1] == "params" and ".".join(keys[2:]))
+        if name:
+            out[name] = [re.findall(r'"(\w+)"', d) for d in re.findall(r"\{[^}]*\}", found[str(i)])]
+    return out
+
+
 def _worker(out_dir: str) -> None:
     import contextlib
     import io
@@ -85,7 +112,7 @@ def _worker(out_dir: str) -> None:
 
     from jaxpar import cli
     from jaxpar import sharding as S
-    from jaxpar.config import PRESETS, Config, TrainConfig, resolve
+    from jaxpar.config import PRESETS, Config, MeshConfig, PipelineConfig, ShardingConfig, TrainConfig, resolve
     from jaxpar.inspect import compile_step, parse_hlo
     from jaxpar.mesh import build_mesh
     from jaxpar.models import gpt2
@@ -96,14 +123,21 @@ def _worker(out_dir: str) -> None:
 
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     cc.set_cache_dir(os.path.join(out_dir, "xla"))
-    res: dict = {"activations": {}}
-    for name, mc in S.STRATEGIES.items():
-        cfg = Config(model=PRESETS["gpt2-tiny"], mesh=mc, train=TrainConfig(batch_size=B, seq_len=T))
-        tr = build_trainer(cfg, build_mesh(mc, jax.devices()))
+    res: dict = {"activations": {}, "compiled": {}}
+    base = Config(model=PRESETS["gpt2-tiny"], train=TrainConfig(batch_size=B, seq_len=T))
+    cases = {name: dataclasses.replace(base, mesh=mc) for name, mc in S.NAMED_MESHES.items()}
+    cases["pipeline"] = dataclasses.replace(base, mesh=MeshConfig(data=2, tensor=2, pipe=2),
+                                            pipeline=PipelineConfig(microbatches=2))  # layers -> pipe (L=2)
+    cases["replicate"] = dataclasses.replace(base, mesh=MeshConfig(data=2, fsdp=4),
+                                             sharding=ShardingConfig(replicate=("embed", "mlp")))
+    for name, cfg in cases.items():
+        tr = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()))
         batch = jax.ShapeDtypeStruct((B, T), np.int32, sharding=tr.batch_sharding)
-        sizes = dict(tr.mesh.shape)
-        res["activations"][name] = activation_shardings(
-            tr.step_fn.lower(tr.abstract_state(), batch, batch).as_text(), sizes)
+        args = (tr.abstract_state(), batch, batch)
+        text = tr.step_fn.lower(*args).as_text()
+        if name in S.NAMED_MESHES:
+            res["activations"][name] = activation_shardings(text, dict(tr.mesh.shape))
+        res["compiled"][name] = {"mesh": dataclasses.asdict(cfg.mesh), "inputs": input_shardings(text, args)}
 
     # dry run through the CLI entry point, from an empty working directory
     work = os.path.join(out_dir, "cwd")
@@ -173,6 +207,30 @@ def test_golden_snapshot_of_key_activation_shardings(results):
     c = results["compiled_shapes"]
     assert c["bf16[1,32,512]"] > 0 and c["f32[1,32,256]"] > 0, c
     assert c["bf16[4,32,512]"] == c["f32[4,32,256]"] == c["bf16[8,32,512]"] == c["f32[8,32,256]"] == 0, c
+
+
+def test_golden_snapshot_of_compiled_input_shardings(results):
+    """Reference: the committed golden (tests/golden/gpt2_compiled_shardings.json), reviewed by
+    hand; the rows below are the rules of jaxpar.layout read off it: ZeRO-3 splits embed over
+    fsdp, Megatron heads / mlp / vocab over tensor, a pipeline stores the stacked `layers` dim
+    over pipe, sharding.replicate keeps its groups whole over fsdp, the batch rows over data×fsdp."""
+    with open(GOLDEN_COMPILED) as f:
+        golden = json.load(f)
+    assert results["compiled"] == golden
+    assert sorted(golden) == ["dp", "dp_fsdp_tp", "fsdp", "pipeline", "replicate", "tp"]
+    g = {k: v["inputs"] for k, v in golden.items()}
+    assert all(ax == [] for k, v in g["dp"].items() if k not in ("inputs", "targets") for ax in v)  # replicated
+    assert all(v["inputs"] == v["targets"] == [["data", "fsdp"], []] for v in g.values())  # size-1 axes included
+    assert g["fsdp"]["h.mlp.c_fc.weight"] == [[], ["fsdp"], []] and g["fsdp"]["wte.weight"] == [[], ["fsdp"]]
+    assert g["tp"]["h.attn.c_attn.weight"] == [[], [], [], ["tensor"], []] and g["tp"]["wte.weight"] == [["tensor"], []]
+    assert g["dp_fsdp_tp"]["h.mlp.c_proj.weight"] == [[], ["tensor"], ["fsdp"]]
+    assert g["dp_fsdp_tp"]["inputs"] == [["data", "fsdp"], []]
+    pipe = g["pipeline"]
+    assert all(v[0] == ["pipe"] for k, v in pipe.items() if k.startswith("h."))  # layers -> pipe
+    assert pipe["h.mlp.c_fc.weight"] == [["pipe"], [], ["tensor"]] and pipe["wte.weight"] == [["tensor"], []]
+    rep = g["replicate"]
+    assert rep["h.attn.c_attn.weight"] == [[], ["fsdp"], [], [], []]  # attn: ZeRO-3
+    assert rep["h.mlp.c_fc.weight"] == [[], [], []] and rep["wte.weight"] == [[], []]  # mlp, embed: whole
 
 
 def test_gradient_reduction_is_fp32_under_bf16(results):
@@ -261,9 +319,10 @@ if __name__ == "__main__":
                     np.stack(data_lib.get_batch(toks, data_lib.batch_offsets(len(toks), T, B, 0, 0), T)))
             _worker(d)
             with open(os.path.join(d, "out.json")) as f:
-                acts = json.load(f)["activations"]
-        with open(GOLDEN, "w") as f:
-            json.dump(acts, f, indent=1, sort_keys=True)
-            f.write("\n")
+                out = json.load(f)
+        for path, value in ((GOLDEN, out["activations"]), (GOLDEN_COMPILED, out["compiled"])):
+            with open(path, "w") as f:
+                json.dump(value, f, indent=1, sort_keys=True)
+                f.write("\n")
     else:
         _worker(sys.argv[1])

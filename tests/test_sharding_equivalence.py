@@ -17,7 +17,7 @@ import pytest
 
 from jaxpar.tolerances import SHARDED_VS_SINGLE
 
-STRATEGIES = {  # name -> mesh sizes on 8 devices
+NAMED_MESHES = {  # name -> mesh sizes on 8 devices
     "data=8": {"data": 8},
     "fsdp=8": {"fsdp": 8},
     "tensor=4,data=2": {"tensor": 4, "data": 2},
@@ -74,7 +74,7 @@ def _worker(out_path: str) -> None:
     for precision in ("fp32", "bf16"):
         ref_l, ref_g, ref_p = run({}, precision)
         out[f"single/{precision}"] = {"losses": ref_l}
-        for name, sizes in STRATEGIES.items():
+        for name, sizes in NAMED_MESHES.items():
             if precision == "bf16" and name not in BF16:
                 continue
             losses, g, p = run(sizes, precision)
@@ -101,7 +101,7 @@ def results(tmp_path_factory):
         return json.load(f)
 
 
-@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.parametrize("name", list(NAMED_MESHES))
 def test_fp32_losses_and_grads_match_single_device(results, name):
     tol = SHARDED_VS_SINGLE["fp32"]
     r = results[f"{name}/fp32"]

@@ -17,7 +17,7 @@ GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "gpt2_param_specs.jso
 
 def _current() -> dict:
     return {name: {"mesh": dataclasses.asdict(mc), "specs": S.resolved_param_specs(PRESETS["gpt2"], mc)}
-            for name, mc in S.STRATEGIES.items()}
+            for name, mc in S.NAMED_MESHES.items()}
 
 
 def test_golden_snapshot_of_every_gpt2_param_spec():
@@ -52,7 +52,7 @@ def test_megatron_layout():
 
 
 def test_pipe_axis_is_never_used_by_rules():
-    for mc in [*S.STRATEGIES.values(), MeshConfig(data=2, fsdp=2, tensor=2, pipe=2)]:
+    for mc in [*S.NAMED_MESHES.values(), MeshConfig(data=2, fsdp=2, tensor=2, pipe=2)]:
         for s in S.resolved_param_specs(PRESETS["gpt2"], mc).values():
             assert "pipe" not in json.dumps(s)
     assert "pipe" not in json.dumps(S.ACTIVATION_RULES)
@@ -79,16 +79,21 @@ def test_osdp_replicated_groups_skip_fsdp():
     import jax
     from jax.sharding import PartitionSpec
 
-    from jaxpar.config import PRESETS, MeshConfig
+    from jaxpar.config import PRESETS, Config, MeshConfig, ShardingConfig, TrainConfig
+    from jaxpar.layout import build_layout
     from jaxpar.models import gpt2
-    from jaxpar.sharding import grouped_param_specs, param_rules, param_specs, spec_to_json
+    from jaxpar.sharding import param_rules, param_specs, spec_to_json
 
     mc, m = MeshConfig(data=2, fsdp=4), PRESETS["gpt2-tiny"]
     axes = gpt2.param_axes(m)
     flat = lambda t: {".".join(k.key for k in p): spec_to_json(s) for p, s in  # noqa: E731
                       jax.tree_util.tree_flatten_with_path(t, is_leaf=lambda x: isinstance(x, PartitionSpec))[0]}
-    got = flat(grouped_param_specs(axes, mc, ("embed", "mlp")))
+    def grouped(replicate=()):
+        cfg = Config(model=m, mesh=mc, sharding=ShardingConfig(replicate=replicate), train=TrainConfig(batch_size=8))
+        return build_layout(cfg, 8).param_specs(axes)
+
+    got = flat(grouped(("embed", "mlp")))
     sharded, repl = flat(param_specs(axes, param_rules(mc))), flat(param_specs(axes, {}))
     assert got == {k: (sharded[k] if k.startswith(("h.ln_1", "h.attn")) else repl[k]) for k in got}
     assert got["h.attn.c_attn.weight"] == [None, "fsdp", None, None, None] and got["wte.weight"] == [None, None]
-    assert flat(grouped_param_specs(axes, mc)) == sharded  # default: every group sharded
+    assert flat(grouped()) == sharded  # default: every group sharded

@@ -41,8 +41,8 @@ from collections.abc import Callable
 import jax
 from jax.sharding import PartitionSpec as P
 
-from jaxpar import sharding as shd
 from jaxpar.config import Config
+from jaxpar.layout import ParallelLayout
 from jaxpar.logical import activation_rules
 from jaxpar.models import gpt2
 from jaxpar.parallel.pipeline import _manual_spec, _varying
@@ -92,12 +92,12 @@ def _not_gathered(prim, *_, **__) -> bool:
     return prim.name != "all_gather" and prim.name not in _RELAYOUTS
 
 
-def make_fsdp_loss_fn(cfg: Config, mesh) -> Callable:
+def make_fsdp_loss_fn(cfg: Config, mesh, lay: ParallelLayout) -> Callable:
     """(params, inputs (B,T), targets (B,T), key=None) -> mean fp32 loss, ZeRO-3 over fsdp with
     explicit gathers and reduce-scatters (see module docstring). Params arrive in their stored
-    shardings (`sharding.grouped_param_specs`)."""
+    shardings (the layout's per-group specs, `ParallelLayout.param_specs`)."""
     policy, mc, tc = get_policy(cfg.precision), cfg.model, cfg.train
-    specs = shd.grouped_param_specs(gpt2.param_axes(mc), cfg.mesh, cfg.sharding.replicate)
+    specs = lay.param_specs(gpt2.param_axes(mc))
     is_spec = lambda x: isinstance(x, P)  # noqa: E731
     manual = jax.tree.map(lambda s: _manual_spec(s, MANUAL), specs, is_leaf=is_spec)
     tensor = jax.tree.map(lambda s: _manual_spec(s, ("tensor",)), specs, is_leaf=is_spec)

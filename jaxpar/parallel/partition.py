@@ -71,12 +71,11 @@ def validate_layers_per_stage(layers_per_stage: Sequence[int], n_layer: int, n_s
     """Check a manual `pipeline.layers_per_stage`; returns it as a tuple of ints.
 
     Raises ConfigError (one line, naming the values) when the list has the wrong length,
-    a stage with fewer than one layer, or a sum other than model.n_layer.
+    a stage with fewer than one layer, or a sum other than model.n_layer. (More stages than
+    layers is `jaxpar.layout`'s check, made before this one.)
     `stages_name` names the setting the stage count came from (e.g. "mesh.pipe×pipeline.repeats").
     """
     lps = [int(v) for v in layers_per_stage]
-    if n_stages > n_layer:
-        raise ConfigError(f"{stages_name}={n_stages} stages exceed model.n_layer={n_layer} layers")
     if len(lps) != n_stages:
         raise ConfigError(f"pipeline.layers_per_stage={lps} has {len(lps)} entries, not {stages_name}={n_stages}")
     bad = [v for v in lps if v < 1]
@@ -153,14 +152,12 @@ def partition_layers(layer_costs: Sequence[float], n_stages: int, first_extra: f
     layer_mem, mem_limit, first_mem, last_mem: per-layer memory (bytes), the per-stage
         budget and the extra memory of the first / last stage. No memory check when
         `mem_limit` is None.
-    Returns a tuple of S positive ints summing to L. Raises ConfigError when S > L, S < 1,
-    or no split fits `mem_limit` (the message names the smallest achievable stage peak).
+    Returns a tuple of S positive ints summing to L. Raises ConfigError when no split fits
+    `mem_limit` (the message names the smallest achievable stage peak), ValueError unless 1 <= S <= L.
     """
     L, S = len(layer_costs), int(n_stages)
-    if S < 1:
-        raise ConfigError(f"pipeline stages={S} must be >= 1")
-    if S > L:
-        raise ConfigError(f"mesh.pipe={S} stages exceed model.n_layer={L} layers")
+    if not 1 <= S <= L:  # a caller's bug: the layout and the planner only ask for 1 <= S <= L
+        raise ValueError(f"cannot cut {L} layers into {S} stages")
     c = _prefix(layer_costs)
     m = None
     limit = float("inf")

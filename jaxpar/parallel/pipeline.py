@@ -10,7 +10,7 @@ et al. 2021 and praxis/MaxText); R = 1 is GPipe. Params stay stored in the model
 layout (`h.*` stacked on a leading `layers` dim, same tree as checkpoints and HF export); the
 step re-lays them out to (R, S, Lmax, ...) with dim 1 over `pipe`:
   * uniform stages (all V stages the same size): a reshape (L,...) -> (R, S, L/V, ...). For GPipe
-    this is free: the stored `layers` dim is sharded over `pipe` (`sharding.pipe_param_rules`),
+    this is free: the stored `layers` dim is sharded over `pipe` (`layout.PIPE_PARAM_RULES`),
     so rank s already holds layers [s·L/S, (s+1)·L/S). For R > 1 the stored contiguous blocks are
     not the interleaved chunks, so XLA moves (R-1)/R of the block params once per step (and the
     grads back): the price of keeping one on-disk layout.
@@ -68,8 +68,6 @@ already addresses.
 
 from __future__ import annotations
 
-import dataclasses
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -79,27 +77,18 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.config import Config, ConfigError, ModelConfig
+from jaxpar.config import Config, ModelConfig
+from jaxpar.layout import ParallelLayout, StageLayout, bubble_fraction, n_iterations
 from jaxpar.logical import activation_rules, spec_for
 from jaxpar.models import gpt2
-from jaxpar.parallel.partition import partition_layers, stage_bounds, validate_layers_per_stage
 from jaxpar.precision import Policy, get_policy
-
-MANUAL_AXES = ("data", "fsdp", "pipe")  # shard_map is manual over these; `tensor` stays automatic
-BATCH = ("data", "fsdp")
-
 
 # ----------------------------------------------------------------------------- schedule arithmetic
 
 
-def n_iterations(S: int, M: int, R: int = 1) -> int:
-    """Scan iterations of the schedule: (R-1)·max(M,S) + M + S - 1 (= R·M + S - 1 when M >= S)."""
-    return (R - 1) * max(M, S) + M + S - 1
-
-
-def bubble_theory(S: int, M: int, R: int = 1) -> float:
-    """Idle fraction of stage-iterations, (S-1)/(R·M+S-1) for M >= S."""
-    return 1.0 - R * M / n_iterations(S, M, R)
+# n_iterations (the schedule's scan length) and the bubble live in jaxpar.layout, which reports
+# them before JAX starts; re-exported here beside the schedule they describe.
+bubble_theory = bubble_fraction  # idle fraction of stage-iterations, (S-1)/(R·M+S-1) for M >= S
 
 
 def schedule_table(S: int, M: int, R: int = 1) -> np.ndarray:
@@ -114,82 +103,10 @@ def schedule_table(S: int, M: int, R: int = 1) -> np.ndarray:
     return out
 
 
-# ----------------------------------------------------------------------------- stages and checks
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """Where every layer runs: virtual stage v = r·S + s holds `layers_per_stage[v]` layers."""
-
-    n_stages: int  # S (mesh.pipe)
-    repeats: int  # R
-    layers_per_stage: tuple[int, ...]  # length S·R, in virtual-stage order
-    lmax: int  # largest stage (the padded depth)
-    index: np.ndarray  # (R, S, Lmax) layer id feeding each slot (pads repeat a real layer)
-    valid: np.ndarray  # (R, S, Lmax) bool, False on pads
-
-    @property
-    def uniform(self) -> bool:
-        return len(set(self.layers_per_stage)) == 1
-
-
-def make_layout(layers_per_stage, S: int, R: int) -> Layout:
-    lps = tuple(int(v) for v in layers_per_stage)
-    lmax = max(lps)
-    index = np.zeros((R, S, lmax), np.int32)
-    valid = np.zeros((R, S, lmax), bool)
-    for v, (a, b) in enumerate(stage_bounds(lps)):
-        r, s = divmod(v, S)
-        n = b - a
-        index[r, s, :n] = np.arange(a, b)
-        index[r, s, n:] = b - 1
-        valid[r, s, :n] = True
-    return Layout(S, R, lps, lmax, index, valid)
-
-
-def layer_cost(mc: ModelConfig, seq_len: int) -> float:
-    """Forward FLOPs per token of one block (matmuls + attention scores), the partitioner's unit."""
-    d = mc.n_embd
-    return 2.0 * 12 * d * d + 4.0 * seq_len * d
-
-
-def check_pipeline(cfg: Config, n_stages: int | None = None, warn: bool = True) -> tuple[int, ...]:
-    """Validate the pipeline settings against the (resolved) mesh, model and batch; return the
-    layers per virtual stage (manual or from the partitioner). Raises one-line ConfigErrors."""
-    pc, mc, tc = cfg.pipeline, cfg.model, cfg.train
-    S = cfg.mesh.pipe if n_stages is None else n_stages
-    R, M, L = pc.repeats, pc.microbatches, mc.n_layer
-    if R < 1:
-        raise ConfigError(f"pipeline.repeats={R} must be >= 1")
-    if M < 1:
-        raise ConfigError(f"pipeline.microbatches={M} must be >= 1")
-    if R > 1 and pc.schedule != "circular":
-        raise ConfigError(f"pipeline.repeats={R} needs pipeline.schedule=circular (got {pc.schedule!r})")
-    if S > L:
-        raise ConfigError(f"mesh.pipe={S} stages exceed model.n_layer={L} layers")
-    if R * S > L:
-        raise ConfigError(f"pipeline.repeats×mesh.pipe={R}×{S}={R * S} exceeds model.n_layer={L} layers")
-    dp = max(cfg.mesh.data, 1) * max(cfg.mesh.fsdp, 1)
-    per_replica = tc.batch_size // (dp * tc.grad_accum)
-    if tc.batch_size % (dp * tc.grad_accum) == 0 and per_replica % M:
-        raise ConfigError(f"pipeline.microbatches={M} does not divide the per-replica batch {per_replica} "
-                          f"(train.batch_size={tc.batch_size} / mesh.data×mesh.fsdp={dp} / "
-                          f"train.grad_accum={tc.grad_accum})")
-    name = "mesh.pipe" if R == 1 else "mesh.pipe×pipeline.repeats"
-    if pc.layers_per_stage is not None:
-        lps = validate_layers_per_stage(pc.layers_per_stage, L, S * R, name)
-    else:
-        lps = partition_layers([layer_cost(mc, tc.seq_len)] * L, S * R)
-    if warn and M < S:
-        print(f"warning: pipeline.microbatches={M} < mesh.pipe={S} stages: the pipeline bubble "
-              f"({bubble_theory(S, M, R):.0%} of stage time idle) will dominate", file=sys.stderr)
-    return lps
-
-
 # ----------------------------------------------------------------------------- the pipelined blocks
 
 
-def to_stage_layout(stacked, layout: Layout):
+def to_stage_layout(stacked, layout: StageLayout):
     """(L, ...) stacked block params -> (R, S, Lmax, ...) in virtual-stage order."""
     R, S, lmax = layout.repeats, layout.n_stages, layout.lmax
     if layout.uniform:
@@ -198,7 +115,7 @@ def to_stage_layout(stacked, layout: Layout):
     return jax.tree.map(lambda a: jnp.take(a, idx, axis=0).reshape(R, S, lmax, *a.shape[1:]), stacked)
 
 
-def _manual_spec(spec: P, manual=MANUAL_AXES) -> P:
+def _manual_spec(spec: P, manual) -> P:
     """Keep only the manual mesh axes of a PartitionSpec (shard_map specs cannot name auto axes)."""
     out = []
     for e in spec:
@@ -231,14 +148,15 @@ def _psum_f32(x, axis):
     return jax.lax.psum(x.astype(jnp.float32), axis).astype(x.dtype)
 
 
-def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage_params, x, microbatches: int,
-                    block_param_rules: dict, key=None, remat: bool = True, iterations: int | None = None,
+def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, lay: ParallelLayout, stage_params, x,
+                    microbatches: int, key=None, remat: bool = True, iterations: int | None = None,
                     mlp_chunks: int = 1, gather: str = "step"):
     """Run the transformer blocks as a pipeline. x (B, T, D) -> (B, T, D).
 
+    lay: the resolved layout: its stage layout, the block parameter rules of each OSDP group
+    (to find which block-param dims are sharded over fsdp, gathered once per step inside the
+    body), the manual axes and batch axes of the shard_map, the rules inside the body.
     stage_params: block params in (R, S, Lmax, ...) layout (`to_stage_layout`).
-    block_param_rules: the parameter rules (logical name -> mesh axes) in force, to find which
-    block-param dims are sharded over fsdp (gathered inside the body).
     gather: when the fsdp-sharded block weights are all-gathered (`pipeline.gather`). "step":
     the whole stage (R·Lmax layers) once per step, kept for the loop and backward (grads
     reduce-scattered once per step, summed over microbatches). "layer": each layer's weights
@@ -248,25 +166,24 @@ def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage
     iterations: benchmarks only - run this many loop iterations instead of the schedule's N
     (wrong results; used to time the loop without its fill/drain iterations).
     """
+    layout, manual, batch = lay.stages, lay.manual_axes, lay.batch_axes
     S, R, M = layout.n_stages, layout.repeats, microbatches
     Mp, N = max(M, S), n_iterations(S, M, R)
     N_run = N if iterations is None else iterations
     B, T, D = x.shape
     use_buf = R > 1 and M > S
     masked = not layout.uniform
-    tp_rules = {"heads": "tensor", "mlp": "tensor", "vocab": "tensor"}  # inside the body: tensor is the only auto axis
 
     # (B, T, D) -> (M, B/M, T, D) taking every M-th row, so each microbatch spans all data shards.
     xm = x.reshape(B // M, M, T, D).swapaxes(0, 1)
-    xm = jax.lax.with_sharding_constraint(xm, NamedSharding(mesh, P(None, BATCH)))
+    xm = jax.lax.with_sharding_constraint(xm, NamedSharding(mesh, P(None, batch)))
 
     # shard_map specs: stage dim over pipe; block dims keep their fsdp sharding (gathered inside).
-    # block_param_rules: one rules dict, or one per top-level block key (per-group OSDP,
-    # sharding.block_group_rules)
-    per_key = set(block_param_rules) == set(gpt2.BLOCK_AXES)
-    block_specs = {k: jax.tree.map(lambda a, k=k: spec_for(a, block_param_rules[k] if per_key else block_param_rules),
-                                   sub, is_leaf=lambda a: isinstance(a, tuple)) for k, sub in gpt2.BLOCK_AXES.items()}
-    w_specs = jax.tree.map(lambda sp: P(None, "pipe", None, *_manual_spec(sp)), block_specs,
+    # Each top-level block key (ln_1, attn, ln_2, mlp) follows its OSDP group's rules.
+    rules = lay.block_rules()
+    block_specs = {k: jax.tree.map(lambda a, k=k: spec_for(a, rules[k]), sub, is_leaf=lambda a: isinstance(a, tuple))
+                   for k, sub in gpt2.BLOCK_AXES.items()}
+    w_specs = jax.tree.map(lambda sp: P(None, "pipe", None, *_manual_spec(sp, manual)), block_specs,
                            is_leaf=lambda a: isinstance(a, P))
     # per-layer spec (the block dims) of each weight: which dims `_gather_fsdp` gathers
     layer_specs = jax.tree.map(lambda sp: P(*sp[3:]), w_specs, is_leaf=lambda a: isinstance(a, P))
@@ -300,15 +217,15 @@ def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage
             a = a[:, 0]
             if gather == "step":
                 a = _gather_fsdp(a, P(*sp[3:]), lead=2)
-            return _varying(a, MANUAL_AXES)
+            return _varying(a, manual)
 
         w = jax.tree.map(prep, w, w_specs)
-        ok = _varying(ok[:, 0], MANUAL_AXES)
+        ok = _varying(ok[:, 0], manual)
         # pvary in fp32: its transpose (a psum of the cotangent over pipe) then runs in fp32 too.
-        xm = _varying(xm.astype(jnp.float32), MANUAL_AXES).astype(xm.dtype)
+        xm = _varying(xm.astype(jnp.float32), manual).astype(xm.dtype)
         mb = xm.shape[1]
-        state = _varying(jnp.zeros((mb, T, D), xm.dtype), MANUAL_AXES)
-        buf = _varying(jnp.zeros((M, mb, T, D), xm.dtype), MANUAL_AXES) if use_buf else None
+        state = _varying(jnp.zeros((mb, T, D), xm.dtype), manual)
+        buf = _varying(jnp.zeros((M, mb, T, D), xm.dtype), manual) if use_buf else None
 
         def iteration(carry, t):
             state, buf = carry
@@ -330,7 +247,7 @@ def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage
                 buf = jax.lax.dynamic_update_index_in_dim(buf, jnp.where(keep, shifted, old), ml, 0)
             return (shifted, buf), out
 
-        with activation_rules(jax.sharding.get_abstract_mesh(), tp_rules):
+        with activation_rules(jax.sharding.get_abstract_mesh(), lay.pipeline_rules):
             _, ys = jax.lax.scan(iteration, (state, buf), jnp.arange(N_run))
         if N_run != N:  # benchmark mode: pad / cut to M outputs
             ys = jnp.concatenate([ys, jnp.zeros((max(M - N_run, 0), *ys.shape[1:]), ys.dtype)])[:M]
@@ -341,41 +258,20 @@ def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, layout: Layout, stage
         return _psum_f32(jnp.where(s == S - 1, y, jnp.zeros_like(y)), "pipe")
 
     key_spec = None if key is None else P()
-    f = jax.shard_map(body, mesh=mesh, in_specs=(w_specs, P(None, "pipe"), P(None, BATCH), key_spec),
-                      out_specs=P(None, BATCH), axis_names=frozenset(MANUAL_AXES))
+    f = jax.shard_map(body, mesh=mesh, in_specs=(w_specs, P(None, "pipe"), P(None, batch), key_spec),
+                      out_specs=P(None, batch), axis_names=frozenset(manual))
     ym = f(stage_params, valid, xm, key)
     return ym.swapaxes(0, 1).reshape(B, T, D)
 
 
-# ----------------------------------------------------------------------------- loss for train.py
+# ----------------------------------------------------------------------------- loss and logits
 
 
-def outer_activation_rules(cfg: Config, mesh) -> dict:
-    """Activation rules outside the pipelined loop: batch also over `pipe` when it divides, so
-    the embedding and head are split across pipe ranks rather than repeated on each."""
-    from jaxpar import sharding as shd
-
-    rules = dict(shd.activation_rules(cfg.mesh))
-    S = mesh.shape["pipe"]
-    dp = mesh.shape["data"] * mesh.shape["fsdp"]
-    rows = cfg.train.batch_size // max(cfg.train.grad_accum, 1)
-    if rows % (dp * S) == 0:
-        rules["batch"] = (*shd.BATCH_AXES, "pipe")
-    return rules
-
-
-def _pipeline_model(cfg: Config, mesh) -> tuple[dict, Callable]:
-    """(outer activation rules, run) with run(params, inputs (B,T), key|None, remat) -> (GPT2
-    model, (B,T,D) block outputs): embedding, then the blocks pipelined over `pipe`. Callers
-    apply the head (loss for training, logits for eval and sample) inside the same rules."""
-    from jaxpar import sharding as shd
-
-    S = mesh.shape["pipe"]
-    pipe_cfg = dataclasses.replace(cfg, mesh=dataclasses.replace(
-        cfg.mesh, **{a: mesh.shape[a] for a in ("data", "fsdp", "tensor", "pipe")}))
-    layout = make_layout(check_pipeline(pipe_cfg, S, warn=False), S, cfg.pipeline.repeats)
+def _pipeline_model(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
+    """run(params, inputs (B,T), key|None, remat) -> (GPT2 model, (B,T,D) block outputs):
+    embedding, then the blocks pipelined over `pipe`. Callers apply the head (loss for
+    training, logits for eval and sample) inside `lay.activation_rules`."""
     policy, mc, M = get_policy(cfg.precision), cfg.model, cfg.pipeline.microbatches
-    block_rules = shd.block_group_rules(pipe_cfg.mesh, cfg.sharding.replicate)
 
     def run(params, inputs, key, remat, x=None):
         # x: the embedded (B, T, D) inputs when the caller embeds (tied.per_group)
@@ -384,25 +280,25 @@ def _pipeline_model(cfg: Config, mesh) -> tuple[dict, Callable]:
             k_embed, k_blocks = jax.random.split(key)
         model = gpt2.GPT2(mc, params, policy, vocab_chunks=cfg.train.vocab_chunks)
         x = model.embed(inputs, k_embed) if x is None else x
-        w = to_stage_layout(params["h"], layout)
-        y = pipeline_blocks(mc, policy, mesh, layout, w, x, M, block_rules, k_blocks, remat=remat,
-                            mlp_chunks=cfg.train.mlp_chunks, gather=cfg.pipeline.gather)
+        w = to_stage_layout(params["h"], lay.stages)
+        y = pipeline_blocks(mc, policy, mesh, lay, w, x, M, k_blocks, remat=remat, mlp_chunks=cfg.train.mlp_chunks,
+                            gather=cfg.pipeline.gather)
         return model, y
 
-    return outer_activation_rules(pipe_cfg, mesh), run
+    return run
 
 
-def make_pipeline_loss_fn(cfg: Config, mesh) -> Callable:
+def make_pipeline_loss_fn(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
     """(params, inputs (B,T), targets (B,T), key|None) -> mean fp32 loss, blocks pipelined over `pipe`."""
-    from jaxpar import sharding as shd
     from jaxpar.parallel import tied
 
-    rules, run = _pipeline_model(cfg, mesh)
+    run = _pipeline_model(cfg, lay, mesh)
+    rules = lay.activation_rules
     axes = rules["batch"]
     groups = tied.pipeline_groups(mesh, axes) if cfg.model.dropout == 0 else 1
 
     def loss(params, inputs, targets, key):
-        with activation_rules(mesh, rules):
+        with activation_rules(mesh, lay.activation_rules):
             model, y = run(params, inputs, key, True)
             return model.loss(y, targets)
 
@@ -411,7 +307,7 @@ def make_pipeline_loss_fn(cfg: Config, mesh) -> Callable:
     # the tied wte's lookup and head gradients summed per row shard, then reduced once (tied.py).
     # Dropout keeps the ungrouped loss (per-group keys would change its masks).
     mc, policy, vc = cfg.model, get_policy(cfg.precision), cfg.train.vocab_chunks
-    wte_spec = shd.param_specs(gpt2.param_axes(mc), shd.param_rules(cfg.mesh))["wte"]["weight"]
+    wte_spec = lay.param_specs(gpt2.param_axes(mc))["wte"]["weight"]
     inner = {**rules, "batch": None}  # inside the group vmap the G dim carries the row split
 
     def grouped(params, inputs, targets, key):
@@ -435,30 +331,23 @@ def make_pipeline_loss_fn(cfg: Config, mesh) -> Callable:
     return grouped
 
 
-def make_pipeline_logits_fn(cfg: Config, mesh) -> Callable:
+def make_pipeline_logits_fn(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
     """(params, inputs (B,T)) -> fp32 logits (B,T,V), blocks pipelined over `pipe` (eval, sample).
     B must split into pipeline.microbatches per data-parallel replica, as in training."""
-    rules, run = _pipeline_model(cfg, mesh)
+    run = _pipeline_model(cfg, lay, mesh)
 
     def logits(params, inputs):
-        with activation_rules(mesh, rules):
+        with activation_rules(mesh, lay.activation_rules):
             model, y = run(params, inputs, None, False)
             return model.head(y)
 
     return logits
 
 
-def describe(cfg: Config, S: int) -> dict[str, Any]:
+def describe(cfg: Config, lay: ParallelLayout) -> dict[str, Any]:
     """Summary used by the CLI / example: stages, iterations, theoretical bubble."""
-    pc = cfg.pipeline
-    lps = check_pipeline(cfg, S, warn=False)
-    return {"stages": S, "repeats": pc.repeats, "microbatches": pc.microbatches, "layers_per_stage": list(lps),
+    pc, S = cfg.pipeline, lay.mesh.pipe
+    return {"stages": S, "repeats": pc.repeats, "microbatches": pc.microbatches,
+            "layers_per_stage": list(lay.stages.layers_per_stage),
             "iterations": n_iterations(S, pc.microbatches, pc.repeats),
             "bubble_theory": bubble_theory(S, pc.microbatches, pc.repeats)}
-
-
-def pipe_param_rules(mc: ModelConfig, mesh) -> dict:
-    """PIPE parameter rules: the stacked `layers` dim over `pipe` when it splits evenly (then
-    GPipe stage s stores exactly its own layers); otherwise replicated over `pipe`."""
-    S = mesh.shape["pipe"]
-    return {"layers": "pipe"} if S > 1 and mc.n_layer % S == 0 else {}

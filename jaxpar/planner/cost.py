@@ -52,10 +52,11 @@ import functools
 from dataclasses import dataclass, field
 
 from jaxpar.config import ModelConfig
+from jaxpar.groups import GROUP_NAMES
 from jaxpar.parallel.partition import partition_layers
 from jaxpar.planner.devices import DeviceSpec
 
-GROUPS = ("embed", "attn", "mlp")
+GROUPS = GROUP_NAMES  # the OSDP groups (jaxpar.groups)
 REMAT = ("none", "selective", "full")
 STATE_BYTES = 16  # fp32 master 4 + grad 4 + Adam m 4 + v 4
 # Device placements, mesh axes outermost first. jaxpar.mesh builds Megatron-LM's rank layout

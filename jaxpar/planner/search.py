@@ -33,6 +33,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+from jaxpar.layout import mesh_problem
 from jaxpar.planner.cost import (
     GATHER_LIVE,
     GROUPS,
@@ -147,24 +148,20 @@ def divisors(n: int) -> list[int]:
 
 def meshes(w: Workload, n_devices: int, pipeline: bool = True,
            fixed: Fixed = Fixed()) -> list[tuple[int, int, int, int]]:
-    """(data, fsdp, tensor, pipe) with product n_devices that sharding can realise:
-    tensor divides n_head, n_embd, 4·n_embd and vocab; fsdp divides n_embd (the dim it
-    shards); pipe <= n_layer; data·fsdp divides the global batch. Axes fixed in `fixed` keep
-    their value; fixed pipeline settings keep pipe > 1 only."""
+    """(data, fsdp, tensor, pipe) with product n_devices that sharding can realise
+    (`jaxpar.layout.mesh_problem`, the predicate `jaxpar train` validates with: tensor divides
+    n_head, n_embd, 4·n_embd and vocab; fsdp divides n_embd; pipe <= n_layer; data·fsdp divides
+    the global batch). Axes fixed in `fixed` keep their value; fixed pipeline settings keep pipe > 1 only."""
     m = w.model
     out = []
     want = fixed.mesh
     for t in divisors(n_devices):
-        if t > 1 and any(x % t for x in (m.n_head, m.n_embd, 4 * m.n_embd, m.vocab_size)):
-            continue
         for p in divisors(n_devices // t):
-            if p > m.n_layer or (p > 1 and not pipeline):
+            if p > 1 and not pipeline:
                 continue
             for f in divisors(n_devices // (t * p)):
                 d = n_devices // (t * p * f)
-                if f > 1 and m.n_embd % f:
-                    continue
-                if w.batch_size % (d * f):
+                if mesh_problem(m, w.batch_size, d, f, t, p):  # the rules jaxpar train applies
                     continue
                 if any(want[a] is not None and want[a] != v for a, v in zip(("data", "fsdp", "tensor", "pipe"),
                                                                            (d, f, t, p))):
