@@ -92,7 +92,7 @@ def main() -> int:
         lay = layout(M, R)
 
         def loss(p, x, y):
-            model = gpt2.GPT2(mc, p, pol)
+            model = gpt2.GPT2(mc, p, policy=pol)
             h = pp.pipeline_blocks(mc, pol, mesh, lay, pp.to_stage_layout(p["h"], lay.stages), model.embed(x), M,
                                    iterations=iterations)
             return gpt2.cross_entropy(model.head(h), y)

@@ -8,6 +8,7 @@ keys rejected with a one-line `ConfigError` (the CLI turns it into exit 2).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -104,7 +105,17 @@ PRECISIONS = ("bf16", "fp32")
 ATTENTIONS = ("auto", "xla", "cudnn")
 SCHEDULES = ("gpipe", "circular")
 GATHERS = ("step", "layer")  # pipeline.gather
-REMATS = ("none", "selective", "full")
+
+
+class Remat(enum.StrEnum):
+    """train.remat: what the model recomputes in backward instead of saving (jaxpar.models.gpt2.GPT2)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"  # the attention core: scores, softmax, probs·V
+    FULL = "full"  # each block, from its input
+
+
+REMATS = tuple(r.value for r in Remat)
 REMAT_ALIASES = {"true": "full", "false": "none"}  # train.remat used to be a bool
 PARAM_GROUPS = GROUP_NAMES  # OSDP groups, defined in jaxpar.groups
 

@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterable
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxpar.config import Config
 from jaxpar.layout import ParallelLayout
 from jaxpar.logical import activation_rules
 from jaxpar.models import gpt2
-from jaxpar.precision import get_policy
 
 
 def make_logits_fn(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
@@ -30,11 +30,11 @@ def make_logits_fn(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
         from jaxpar.parallel.pipeline import make_pipeline_logits_fn
 
         return make_pipeline_logits_fn(cfg, lay, mesh)
-    policy = get_policy(cfg.precision)
+    graphdef = nnx.graphdef(gpt2.GPT2(cfg.model, policy=cfg.precision))  # built once, weights merged per call
 
     def logits(params, tokens):
         with activation_rules(mesh, lay.activation_rules):
-            return gpt2.forward(cfg.model, params, tokens, policy)
+            return nnx.merge(graphdef, params)(tokens)
 
     return logits
 

@@ -43,7 +43,7 @@ def generate(cfg, params, prompt_ids: np.ndarray, max_new_tokens: int, temperatu
     W = min(mc.n_positions, len(prompt_ids) + max_new_tokens)
     ids = list(int(i) for i in prompt_ids)
     if next_logits is None:
-        next_logits = jax.jit(lambda p, buf, pos: gpt2.forward(mc, p, buf[None], precision)[0, pos])
+        next_logits = jax.jit(lambda p, buf, pos: gpt2.GPT2(mc, p, policy=precision)(buf[None])[0, pos])
 
     key = jax.random.PRNGKey(seed)
     for _ in range(max_new_tokens):

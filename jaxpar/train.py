@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxpar import sharding as shd
@@ -134,10 +135,13 @@ def make_loss_fn(cfg: Config, mesh, layout: ParallelLayout | None = None) -> Cal
     if groups > 1:  # the batch split moves to the vmapped group dim: jaxpar.parallel.tied
         rules = {**rules, "batch": None}
 
+    # the model's structure and options, built once; each traced call merges its weights in
+    graphdef = nnx.graphdef(gpt2.GPT2(mc, policy=policy, remat=cfg.train.remat, vocab_chunks=cfg.train.vocab_chunks,
+                                      mlp_chunks=cfg.train.mlp_chunks))
+
     def loss(params, inputs, targets, key):
         with activation_rules(mesh, rules):
-            return gpt2.loss_fn(mc, params, inputs, targets, policy, key, cfg.train.remat,
-                                cfg.train.vocab_chunks, cfg.train.mlp_chunks)
+            return nnx.merge(graphdef, params).loss(inputs, targets, key)
 
     # data parallel: the tied wte gradient (lookup + head) is summed before its one reduction
     if groups == 1:

@@ -154,7 +154,7 @@ def jax_side(init_dir: str, batch):
     @jax.jit
     def f(p, x, y):
         def loss(q):
-            logits = gpt2.forward(cfg, q, x, "fp32")
+            logits = gpt2.GPT2(cfg, q, policy="fp32")(x)
             return gpt2.cross_entropy(logits, y), logits
 
         (loss_val, logits), g = jax.value_and_grad(loss, has_aux=True)(p)

@@ -19,7 +19,7 @@ def _attention(attention: str) -> gpt2.Attention:
     mc = dataclasses.replace(MC, attention=attention)
     p = jax.tree.map(jnp.asarray, gpt2.init_params(mc, 0))["h"]["attn"]
     layer = jax.tree.map(lambda a: a[0], p)  # unstack the single layer
-    return gpt2.Attention(mc, layer, gpt2.BLOCK_AXES["attn"], get_policy("fp32"))
+    return gpt2.Attention(mc, get_policy("fp32"), layer)
 
 
 def test_xla_dot_product_attention_equals_einsum_core_fp32():

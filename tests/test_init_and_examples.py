@@ -35,7 +35,7 @@ def test_train_from_hf_init_starts_from_those_weights(tmp_path):
 
     ds = data.Dataset.open(str(out / "data"), 256, 32)
     x, y = data.train_batch(ds, 32, 4, 0, 0)
-    expect = float(gpt2.loss_fn(mc, params, x, y, "fp32"))
+    expect = float(gpt2.GPT2(mc, params).loss(x, y))
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["loss"]
     assert abs(first - expect) <= 1e-6 * expect
     assert any(p.name.startswith("events.out.tfevents") for p in (out / "tb").iterdir())

@@ -56,7 +56,7 @@ def test_logits_match_hf_through_convert(tmp_path):
     m = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     with torch.no_grad():
         ref = m(torch.tensor(toks)).logits.numpy()
-    got = np.asarray(gpt2.forward(ODD, loaded, jnp.asarray(toks, jnp.int32), "fp32"))
+    got = np.asarray(gpt2.GPT2(ODD, loaded)(jnp.asarray(toks, jnp.int32)))
     assert got.shape == ref.shape == (3, 40, 101)
     assert np.abs(got - ref).max() <= 1e-5
 
@@ -80,8 +80,8 @@ def test_bf16_logits_close_to_fp32():
     """bf16 compute keeps fp32 logits; error bounded by a few bf16 ulps of the activations."""
     params = gpt2.init_params(ODD, seed=1)
     toks = jnp.asarray(np.random.default_rng(1).integers(0, 101, (2, 16)), jnp.int32)
-    l32 = gpt2.forward(ODD, params, toks, "fp32")
-    l16 = gpt2.forward(ODD, params, toks, "bf16")
+    l32 = gpt2.GPT2(ODD, params, policy="fp32")(toks)
+    l16 = gpt2.GPT2(ODD, params, policy="bf16")(toks)
     assert l16.dtype == jnp.float32
     # bound: jaxpar/tolerances.py "model.bf16.logits" (sqrt(2 + L) bf16 roundings; measured 3.2e-3)
     assert float(jnp.abs(l16 - l32).max()) <= BF16_LOGITS_REL * float(jnp.abs(l32).max())

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpar.config import ConfigError, ModelConfig, resolve
+from jaxpar.config import ConfigError, ModelConfig, Remat, resolve
 from jaxpar.models import gpt2
 from jaxpar.tolerances import CHUNKED_VS_PLAIN as TOL
 
@@ -31,7 +31,7 @@ def _params():
 def reference():
     params = _params()
     x, y = _batch()
-    loss, grads = jax.value_and_grad(lambda p: gpt2.loss_fn(CFG, p, x, y, "fp32"))(params)
+    loss, grads = jax.value_and_grad(lambda p: gpt2.GPT2(CFG, p).loss(x, y))(params)
     return params, float(loss), grads
 
 
@@ -41,11 +41,12 @@ def _rel_grad(a, b) -> float:
 
 
 @pytest.mark.parametrize("remat,vc,mc", [("none", 4, 4), ("selective", 2, 8), ("full", 16, 2),
-                                         (True, 1, 1)])
+                                         ("full", 1, 1)])
 def test_chunked_and_remat_equal_plain(reference, remat, vc, mc):
     params, loss0, grads0 = reference
     x, y = _batch()
-    loss, grads = jax.value_and_grad(lambda p: gpt2.loss_fn(CFG, p, x, y, "fp32", None, remat, vc, mc))(params)
+    model = lambda p: gpt2.GPT2(CFG, p, remat=remat, vocab_chunks=vc, mlp_chunks=mc)  # noqa: E731
+    loss, grads = jax.value_and_grad(lambda p: model(p).loss(x, y))(params)
     assert abs(float(loss) - loss0) / loss0 <= TOL["loss"]
     assert _rel_grad(grads, grads0) <= TOL["grad"]
 
@@ -54,7 +55,7 @@ def test_chunked_head_never_materialises_full_logits():
     """The jaxpr of the chunked loss holds no (B, T, V) array, forward or backward."""
     params = gpt2.init_params(CFG, 0)
     x, y = _batch()
-    f = jax.grad(lambda p: gpt2.loss_fn(CFG, p, x, y, "fp32", vocab_chunks=4))
+    f = jax.grad(lambda p: gpt2.GPT2(CFG, p, vocab_chunks=4).loss(x, y))
     shapes = set()
 
     def walk(jaxpr):
@@ -83,7 +84,7 @@ def test_selective_saves_no_attention_scores():
     x, y = _batch()
 
     def residual_shapes(remat):
-        f = lambda p: gpt2.loss_fn(CFG, p, x, y, "fp32", None, remat)  # noqa: E731
+        f = lambda p: gpt2.GPT2(CFG, p, remat=remat).loss(x, y)  # noqa: E731
         _, res = jax.vjp(f, params)
         return {tuple(a.shape) for a in jax.tree.leaves(res) if hasattr(a, "shape")}
 
@@ -98,6 +99,11 @@ def test_remat_config_values():
     assert resolve(["train.remat=selective"]).train.remat == "selective"
     with pytest.raises(ConfigError, match=r"^train.remat='some' must be one of none, selective, full \(or true/false\)$"):
         resolve(["train.remat=some"])
+    # the model takes the enum or its value: the bools of the old API are refused, not read as full/none
+    assert gpt2.GPT2(CFG, remat="selective").remat is Remat.SELECTIVE
+    for bad in (True, "true", "some"):
+        with pytest.raises(ValueError, match="is not a valid Remat"):
+            gpt2.GPT2(CFG, remat=bad)
     with pytest.raises(ConfigError, match=r"^train.seq_len=256 is not divisible by train.vocab_chunks=3$"):
         resolve(["train.vocab_chunks=3"])
     with pytest.raises(ConfigError, match=r"names unknown groups \(head\); choose from embed, attn, mlp$"):

@@ -132,7 +132,7 @@ def _forward_worker() -> dict:
         mc = tiny(L)
         params = gpt2.init_params(mc, 1)
         x = np.random.default_rng(2).standard_normal((8, 32, mc.n_embd)).astype(np.float32)
-        ref = jax.jit(lambda h, xx: gpt2.run_blocks(mc, pol, h, xx))(params["h"], x)
+        ref = jax.jit(lambda p, xx: gpt2.GPT2(mc, p, policy=pol).blocks(xx))(params, x)
         mesh = build_mesh(MeshConfig(**sizes), jax.devices()[:sizes["pipe"]])
         S = sizes["pipe"]
         lay = build_layout(Config(model=mc, mesh=MeshConfig(**sizes), train=TrainConfig(batch_size=8, seq_len=32),

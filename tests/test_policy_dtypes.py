@@ -46,7 +46,7 @@ def eqns(mc, precision: str):
                         yield from walk(j)
 
     tok = jax.ShapeDtypeStruct((B, T), jnp.int32)
-    yield from walk(jax.make_jaxpr(lambda p, x, y: gpt2.loss_fn(mc, p, x, y, get_policy(precision)))(
+    yield from walk(jax.make_jaxpr(lambda p, x, y: gpt2.GPT2(mc, p, policy=get_policy(precision)).loss(x, y))(
         gpt2.abstract_params(mc), tok, tok).jaxpr)
 
 

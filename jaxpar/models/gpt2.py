@@ -3,13 +3,24 @@
 Pre-LayerNorm blocks, learned positions, tanh-approximate GELU ("gelu_new"), tied
 input/output embedding, attention scaled by 1/sqrt(head_dim), residual projections
 initialised with std 0.02/sqrt(2*n_layer) as HF does. No parallelism here: parameters
-carry logical axis names (`axes` metadata, see `param_axes`) and key activations are
-annotated with `constrain`; the sharding rules decide what those names mean.
+carry logical axis names (the `axes` metadata of each `nnx.Param`, see `param_axes`) and
+key activations are annotated with `constrain`; the sharding rules decide what those
+names mean.
 
-Parameters are a plain nested dict using HF's names (`weight`, `bias`), with the
-transformer blocks stacked on a leading `layers` dim and run with `lax.scan`, so
-compile time does not grow with depth. Shapes (L layers, D=n_embd, N heads,
-Hd=head_dim, F=4D, V vocab, P positions):
+`GPT2` is an NNX module that owns its parameters, named as HF names them (`weight`,
+`bias`), with the transformer blocks stacked on a leading `layers` dim and run with
+`lax.scan`, so compile time does not grow with depth. Its options (config, precision
+policy, remat, chunking; the attention implementation is `cfg.attention`) are
+constructor arguments. Built without weights it is the abstract model (fp32
+ShapeDtypeStructs): step functions build that once and merge each call's weights in,
+the NNX functional idiom:
+
+    graphdef = nnx.graphdef(GPT2(cfg, policy="bf16", remat="full"))   # once per step function
+    loss = nnx.merge(graphdef, params).loss(tokens, targets, key)     # per traced call
+
+`params` is the plain nested dict of arrays that checkpoints, the optimizer and the
+sharding rules see (`nnx.to_pure_dict(nnx.state(model))`). Shapes (L layers, D=n_embd,
+N heads, Hd=head_dim, F=4D, V vocab, P positions):
 
   wte.weight (V, D)                       wpe.weight (P, D)
   h.ln_1.{weight,bias} (L, D)             h.ln_2.{weight,bias} (L, D)
@@ -23,6 +34,7 @@ Hd=head_dim, F=4D, V vocab, P positions):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -33,43 +45,26 @@ from flax import nnx
 from gpt2common.init import init_params, param_shapes  # noqa: F401  (numpy, shared with torchref)
 from jaxpar import ops
 from jaxpar.activations import gelu_tanh
-from jaxpar.config import ModelConfig
+from jaxpar.config import ModelConfig, Remat
 from jaxpar.logical import constrain
 from jaxpar.precision import Policy, get_policy
 
 Params = dict[str, Any]
 
-# Logical axes of one block's parameters (the stacked copy prepends "layers").
-BLOCK_AXES: Params = {
-    "ln_1": {"weight": ("embed",), "bias": ("embed",)},
-    "attn": {
-        "c_attn": {"weight": ("embed", None, "heads", "head_dim"), "bias": (None, "heads", "head_dim")},
-        "c_proj": {"weight": ("heads", "head_dim", "embed"), "bias": ("embed",)},
-    },
-    "ln_2": {"weight": ("embed",), "bias": ("embed",)},
-    "mlp": {
-        "c_fc": {"weight": ("embed", "mlp"), "bias": ("mlp",)},
-        "c_proj": {"weight": ("mlp", "embed"), "bias": ("embed",)},
-    },
-}
+
+def _params_tree(state, get: Callable[[nnx.Variable], Any]) -> Params:
+    """nnx.State -> plain nested dict with `get(variable)` at each leaf."""
+    return {k: get(v) if isinstance(v, nnx.Variable) else _params_tree(v, get) for k, v in state.items()}
 
 
-def _is_axes(x) -> bool:
-    return isinstance(x, tuple)
+def param_axes(cfg: ModelConfig) -> Params:
+    """Logical axis names of every parameter (the model's `axes` metadata), same tree as the params."""
+    return _params_tree(nnx.state(GPT2(cfg)), lambda v: v.get_metadata()["axes"])
 
 
-def param_axes(cfg: ModelConfig | None = None) -> Params:
-    """Logical axis names of every parameter, same tree as the params."""
-    return {
-        "wte": {"weight": ("vocab", "embed")},
-        "wpe": {"weight": ("seq", "embed")},
-        "h": jax.tree.map(lambda a: ("layers", *a), BLOCK_AXES, is_leaf=_is_axes),
-        "ln_f": {"weight": ("embed",), "bias": ("embed",)},
-    }
-
-
-def abstract_params(cfg: ModelConfig, dtype=jnp.float32) -> Params:
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), param_shapes(cfg), is_leaf=_is_axes)
+def abstract_params(cfg: ModelConfig) -> Params:
+    """fp32 ShapeDtypeStruct of every parameter: the weights of the abstract model."""
+    return _params_tree(nnx.state(GPT2(cfg)), lambda v: v.get_value())
 
 
 def count_params(params: Params) -> int:
@@ -79,8 +74,21 @@ def count_params(params: Params) -> int:
 # ----------------------------------------------------------------------------- modules
 
 
-def _param(value, axes) -> nnx.Param:
+def _weight(params: Params | None, name: str, shape: tuple, axes: tuple, layers: int | None) -> nnx.Param:
+    """nnx.Param holding params[name] (None: an abstract fp32 value) with its logical axes.
+    layers=L: the stacked copy, (L, *shape) with the `layers` axis first."""
+    if layers is not None:
+        shape, axes = (layers, *shape), ("layers", *axes)
+    if params is None:
+        return nnx.Param(jax.ShapeDtypeStruct(shape, jnp.float32), axes=axes)
+    value = params[name]
+    if tuple(value.shape) != shape:
+        raise ValueError(f"parameter {name}: shape {tuple(value.shape)}, expected {shape}")
     return nnx.Param(value, axes=axes)
+
+
+def _sub(params: Params | None, name: str) -> Params | None:
+    return None if params is None else params[name]
 
 
 def _dropout(x, rate: float, key):
@@ -90,11 +98,28 @@ def _dropout(x, rate: float, key):
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 
+class Dense(nnx.Module):
+    """The weight (in..., out...) and bias (out...) of one projection, HF Conv1D layout. The
+    contraction is the caller's (an einsum spec through the precision policy)."""
+
+    def __init__(self, params: Params | None, w_shape: tuple, w_axes: tuple, b_shape: tuple, b_axes: tuple,
+                 layers: int | None = None):
+        self.weight = _weight(params, "weight", w_shape, w_axes, layers)
+        self.bias = _weight(params, "bias", b_shape, b_axes, layers)
+
+
+class Embedding(nnx.Module):
+    def __init__(self, params: Params | None, shape: tuple, axes: tuple):
+        self.weight = _weight(params, "weight", shape, axes, None)
+
+
 class LayerNorm(nnx.Module):
     """LayerNorm with fp32 statistics; returns the input's dtype."""
 
-    def __init__(self, p: Params, axes: Params, eps: float):
-        self.weight, self.bias, self.eps = _param(p["weight"], axes["weight"]), _param(p["bias"], axes["bias"]), eps
+    def __init__(self, params: Params | None, dim: int, eps: float, layers: int | None = None):
+        self.weight = _weight(params, "weight", (dim,), ("embed",), layers)
+        self.bias = _weight(params, "bias", (dim,), ("embed",), layers)
+        self.eps = eps
 
     def __call__(self, x):
         x32 = x.astype(jnp.float32)
@@ -105,21 +130,24 @@ class LayerNorm(nnx.Module):
 
 
 class Attention(nnx.Module):
-    """Causal multi-head self-attention; c_attn column-wise, c_proj row-wise in (in, out) layout."""
+    """Causal multi-head self-attention; c_attn column-wise, c_proj row-wise in (in, out) layout.
+    remat=selective recomputes the core (scores, softmax, probs·V) in backward."""
 
-    def __init__(self, cfg: ModelConfig, p: Params, axes: Params, policy: Policy):
-        self.c_attn_w = _param(p["c_attn"]["weight"], axes["c_attn"]["weight"])
-        self.c_attn_b = _param(p["c_attn"]["bias"], axes["c_attn"]["bias"])
-        self.c_proj_w = _param(p["c_proj"]["weight"], axes["c_proj"]["weight"])
-        self.c_proj_b = _param(p["c_proj"]["bias"], axes["c_proj"]["bias"])
+    def __init__(self, cfg: ModelConfig, policy: Policy, params: Params | None = None, *, layers: int | None = None,
+                 remat: Remat = Remat.NONE):
+        D, N, Hd = cfg.n_embd, cfg.n_head, cfg.head_dim
+        self.c_attn = Dense(_sub(params, "c_attn"), (D, 3, N, Hd), ("embed", None, "heads", "head_dim"),
+                            (3, N, Hd), (None, "heads", "head_dim"), layers)
+        self.c_proj = Dense(_sub(params, "c_proj"), (N, Hd, D), ("heads", "head_dim", "embed"), (D,), ("embed",),
+                            layers)
         self.policy, self.dropout = policy, cfg.dropout
         self.impl = attention_impl(cfg.attention, policy, cfg.dropout)
-        self.remat_core = False  # remat=selective: recompute scores/softmax/probs·V in backward
+        self.remat_core = Remat(remat) == Remat.SELECTIVE
 
     def __call__(self, x, key=None):  # x: (B, T, D) compute dtype
         pol = self.policy
         # (B, T, D) x (D, 3, N, Hd) -> (B, T, 3, N, Hd)
-        qkv = pol.linear("btd,dcnh->btcnh", x, self.c_attn_w[...], self.c_attn_b[...])
+        qkv = pol.linear("btd,dcnh->btcnh", x, self.c_attn.weight[...], self.c_attn.bias[...])
         q, k, v = (constrain(qkv[:, :, i], ("batch", "seq", "heads", "head_dim")) for i in range(3))
         k1 = None
         if key is not None:
@@ -129,7 +157,7 @@ class Attention(nnx.Module):
         core = jax.checkpoint(core, prevent_cse=False) if self.remat_core else core
         o = core(q, k, v, k1)
         # (B, T, N, Hd) x (N, Hd, D) -> (B, T, D): row-parallel under tensor sharding
-        y = pol.linear("btnh,nhd->btd", o, self.c_proj_w[...], self.c_proj_b[...])
+        y = pol.linear("btnh,nhd->btd", o, self.c_proj.weight[...], self.c_proj.bias[...])
         return _dropout(y, self.dropout, key)
 
     def _sdpa(self, q, k, v, key):  # jax.nn.dot_product_attention (no dropout: see attention_impl)
@@ -165,59 +193,46 @@ def attention_impl(choice: str, policy: Policy, dropout: float) -> str:
 
 
 class MLP(nnx.Module):
-    def __init__(self, cfg: ModelConfig, p: Params, axes: Params, policy: Policy):
-        self.c_fc_w = _param(p["c_fc"]["weight"], axes["c_fc"]["weight"])
-        self.c_fc_b = _param(p["c_fc"]["bias"], axes["c_fc"]["bias"])
-        self.c_proj_w = _param(p["c_proj"]["weight"], axes["c_proj"]["weight"])
-        self.c_proj_b = _param(p["c_proj"]["bias"], axes["c_proj"]["bias"])
-        self.policy, self.dropout = policy, cfg.dropout
-        self.chunks = 1  # train.mlp_chunks: > 1 runs jaxpar.ops.chunked_mlp
+    """(B, T, D) -> (B, T, F) -> (B, T, D); chunks > 1 runs jaxpar.ops.chunked_mlp (train.mlp_chunks)."""
 
-    def __call__(self, x, key=None):  # (B, T, D) -> (B, T, F) -> (B, T, D)
+    def __init__(self, cfg: ModelConfig, policy: Policy, params: Params | None = None, *, layers: int | None = None,
+                 chunks: int = 1):
+        D, F = cfg.n_embd, 4 * cfg.n_embd
+        self.c_fc = Dense(_sub(params, "c_fc"), (D, F), ("embed", "mlp"), (F,), ("mlp",), layers)
+        self.c_proj = Dense(_sub(params, "c_proj"), (F, D), ("mlp", "embed"), (D,), ("embed",), layers)
+        self.policy, self.dropout, self.chunks = policy, cfg.dropout, chunks
+
+    def __call__(self, x, key=None):
         pol = self.policy
         if self.chunks > 1:
-            y = ops.chunked_mlp(x, self.c_fc_w[...], self.c_fc_b[...], self.c_proj_w[...], self.c_proj_b[...],
-                                self.chunks, pol)
+            y = ops.chunked_mlp(x, self.c_fc.weight[...], self.c_fc.bias[...], self.c_proj.weight[...],
+                                self.c_proj.bias[...], self.chunks, pol)
             return _dropout(y, self.dropout, key)
-        h = pol.linear("btd,df->btf", x, self.c_fc_w[...], self.c_fc_b[...])
+        h = pol.linear("btd,df->btf", x, self.c_fc.weight[...], self.c_fc.bias[...])
         h = constrain(gelu_tanh(h), ("batch", "seq", "mlp"))  # fp32 math, saves only h: jaxpar.activations
-        y = pol.linear("btf,fd->btd", h, self.c_proj_w[...], self.c_proj_b[...])
+        y = pol.linear("btf,fd->btd", h, self.c_proj.weight[...], self.c_proj.bias[...])
         return _dropout(y, self.dropout, key)
 
 
 class Block(nnx.Module):
-    """x + attn(ln_1(x)); x + mlp(ln_2(x))."""
+    """x + attn(ln_1(x)); x + mlp(ln_2(x)). layers=L holds a stack of L blocks' weights (GPT2.h),
+    which only `GPT2.blocks` runs, one unstacked layer per scan step."""
 
-    def __init__(self, cfg: ModelConfig, p: Params, axes: Params, policy: Policy):
-        eps = cfg.layer_norm_epsilon
-        self.ln_1 = LayerNorm(p["ln_1"], axes["ln_1"], eps)
-        self.attn = Attention(cfg, p["attn"], axes["attn"], policy)
-        self.ln_2 = LayerNorm(p["ln_2"], axes["ln_2"], eps)
-        self.mlp = MLP(cfg, p["mlp"], axes["mlp"], policy)
+    def __init__(self, cfg: ModelConfig, policy: Policy, params: Params | None = None, *, layers: int | None = None,
+                 remat: Remat = Remat.NONE, mlp_chunks: int = 1):
+        D, eps = cfg.n_embd, cfg.layer_norm_epsilon
+        self.ln_1 = LayerNorm(_sub(params, "ln_1"), D, eps, layers)
+        self.attn = Attention(cfg, policy, _sub(params, "attn"), layers=layers, remat=remat)
+        self.ln_2 = LayerNorm(_sub(params, "ln_2"), D, eps, layers)
+        self.mlp = MLP(cfg, policy, _sub(params, "mlp"), layers=layers, chunks=mlp_chunks)
 
-    def __call__(self, x, key=None):
+    def __call__(self, x, key=None):  # (B, T, D) -> (B, T, D)
         k1 = k2 = None
         if key is not None:
             k1, k2 = jax.random.split(key)
         x = x + self.attn(self.ln_1(x), k1)
         x = x + self.mlp(self.ln_2(x), k2)
         return constrain(x, ("batch", "seq", "embed"))
-
-
-def block_apply(cfg: ModelConfig, policy: Policy, layer_params: Params, x, key=None, selective: bool = False,
-                mlp_chunks: int = 1):
-    """One transformer block as a pure function of its (unstacked) params: (B, T, D) -> (B, T, D).
-    selective: recompute the attention core in backward; mlp_chunks: see jaxpar.ops.chunked_mlp."""
-    block = Block(cfg, layer_params, BLOCK_AXES, policy)
-    block.attn.remat_core, block.mlp.chunks = selective, mlp_chunks
-    return block(x, key)
-
-
-def remat_mode(remat: bool | str) -> str:
-    """train.remat value -> "none" | "selective" | "full" (bools from older callers: True = full)."""
-    if isinstance(remat, bool) or remat is None:
-        return "full" if remat else "none"
-    return remat
 
 
 def scan_unroll(policy: Policy, n_layer: int) -> int:
@@ -230,69 +245,76 @@ def scan_unroll(policy: Policy, n_layer: int) -> int:
     return n_layer if cpu_bf16 and n_layer <= 12 else 1
 
 
-def run_blocks(cfg: ModelConfig, policy: Policy, stacked: Params, x, key=None, remat: bool | str = False,
-               mlp_chunks: int = 1):
-    """Scan `block_apply` over a stack of layers (leading dim of every leaf). Pipeline
-    stages call this on their own slice of the stack.
-
-    remat: "none" | "selective" (attention scores/softmax recomputed, matmul outputs saved) |
-    "full" (jax.checkpoint of each block: only its input is saved); True/False = full/none."""
-    n = jax.tree.leaves(stacked)[0].shape[0]
-    mode = remat_mode(remat)
-
-    def body(h, xs):
-        layer_params, k = xs
-        return block_apply(cfg, policy, layer_params, h, k, mode == "selective", mlp_chunks), None
-
-    if mode == "full":
-        body = jax.checkpoint(body, prevent_cse=False)
-    keys = None if key is None else jax.random.split(key, n)
-    x, _ = jax.lax.scan(body, x, (stacked, keys), unroll=scan_unroll(policy, n))
-    return x
-
-
 class GPT2(nnx.Module):
-    """GPT2LMHeadModel. `embed` -> `blocks` -> `head` are separate so pipeline stages
-    can run the first and last parts on their own stages."""
+    """GPT2LMHeadModel. `embed` -> `blocks` -> `head` are separate so pipeline stages can run
+    the first and last parts on their own stages.
 
-    def __init__(self, cfg: ModelConfig, params: Params, policy: Policy | str = "fp32", remat: bool | str = False,
-                 vocab_chunks: int = 1, mlp_chunks: int = 1):
-        policy = get_policy(policy) if isinstance(policy, str) else policy
-        axes = param_axes(cfg)
-        self.cfg, self.policy, self.remat = cfg, policy, remat
+    params: the weights (a params dict: the shared numpy init, an HF checkpoint, a restored
+    state); None builds the abstract model, whose graphdef step functions merge weights into.
+    remat: none | selective (attention scores/softmax recomputed, matmul outputs saved) | full
+    (each block recomputed from its input). vocab_chunks / mlp_chunks > 1 split the head+loss /
+    the MLP into that many chunks (jaxpar.ops)."""
+
+    def __init__(self, cfg: ModelConfig, params: Params | None = None, *, policy: Policy | str = "fp32",
+                 remat: Remat | str = Remat.NONE, vocab_chunks: int = 1, mlp_chunks: int = 1):
+        self.cfg, self.policy, self.remat = cfg, get_policy(policy) if isinstance(policy, str) else policy, Remat(remat)
         self.vocab_chunks, self.mlp_chunks = vocab_chunks, mlp_chunks
-        self.wte = _param(params["wte"]["weight"], axes["wte"]["weight"])
-        self.wpe = _param(params["wpe"]["weight"], axes["wpe"]["weight"])
-        # The stacked blocks stay a plain dict of Params: `run_blocks` scans over them.
-        self.h = nnx.data(jax.tree.map(_param, params["h"], axes["h"], is_leaf=lambda x: not isinstance(x, dict)))
-        self.ln_f = LayerNorm(params["ln_f"], axes["ln_f"], cfg.layer_norm_epsilon)
+        self.wte = Embedding(_sub(params, "wte"), (cfg.vocab_size, cfg.n_embd), ("vocab", "embed"))
+        self.wpe = Embedding(_sub(params, "wpe"), (cfg.n_positions, cfg.n_embd), ("seq", "embed"))
+        self.h = Block(cfg, self.policy, _sub(params, "h"), layers=cfg.n_layer, remat=self.remat,
+                       mlp_chunks=mlp_chunks)
+        self.ln_f = LayerNorm(_sub(params, "ln_f"), cfg.n_embd, cfg.layer_norm_epsilon)
 
     def embed(self, tokens, key=None):  # (B, T) int32 -> (B, T, D) compute dtype
         T = tokens.shape[1]
-        x = self.wte[...][tokens] + self.wpe[...][:T][None]
+        x = self.wte.weight[...][tokens] + self.wpe.weight[...][:T][None]
         x = _dropout(x, self.cfg.dropout, key)
         return constrain(self.policy.cast(x), ("batch", "seq", "embed"))
 
-    def blocks(self, x, key=None):
-        stacked = jax.tree.map(lambda v: v[...], self.h, is_leaf=lambda v: isinstance(v, nnx.Variable))
-        return run_blocks(self.cfg, self.policy, stacked, x, key, self.remat, self.mlp_chunks)
+    def blocks(self, x, key=None):  # (B, T, D) -> (B, T, D) through the stack of L layers
+        # One layer's structure (unstacked axes metadata); each scan step merges its slice of the stack.
+        layer = nnx.graphdef(Block(self.cfg, self.policy, remat=self.remat, mlp_chunks=self.mlp_chunks))
+        stacked = nnx.to_pure_dict(nnx.state(self.h))  # leaves (L, ...)
+        n = self.cfg.n_layer
+
+        def body(h, xs):
+            layer_params, k = xs
+            return nnx.merge(layer, layer_params)(h, k), None
+
+        if self.remat == Remat.FULL:  # only each block's input is saved for backward
+            body = jax.checkpoint(body, prevent_cse=False)
+        keys = None if key is None else jax.random.split(key, n)
+        x, _ = jax.lax.scan(body, x, (stacked, keys), unroll=scan_unroll(self.policy, n))
+        return x
 
     def head(self, x):  # (B, T, D) -> (B, T, V) fp32 logits via the tied embedding
         x = self.ln_f(x)
-        logits = self.policy.einsum("btd,vd->btv", x, self.wte[...])
+        logits = self.policy.einsum("btd,vd->btv", x, self.wte.weight[...])
         return constrain(logits, ("batch", "seq", "vocab"))
 
-    def loss(self, x, targets):  # (B, T, D), (B, T) -> mean fp32 cross-entropy
+    def head_loss(self, x, targets):  # (B, T, D), (B, T) -> mean fp32 cross-entropy
         if self.vocab_chunks == 1:
             return cross_entropy(self.head(x), targets)
         # never materialises the (B, T, V) logits: jaxpar.ops.chunked_cross_entropy
-        return ops.chunked_cross_entropy(self.ln_f(x), self.wte[...], targets, self.vocab_chunks, self.policy)
+        return ops.chunked_cross_entropy(self.ln_f(x), self.wte.weight[...], targets, self.vocab_chunks, self.policy)
 
-    def __call__(self, tokens, key=None):
+    def __call__(self, tokens, key=None):  # (B, T) -> (B, T, V) fp32 logits
         k_embed = k_blocks = None
         if key is not None:
             k_embed, k_blocks = jax.random.split(key)
         return self.head(self.blocks(self.embed(tokens, k_embed), k_blocks))
+
+    def loss(self, tokens, targets, key=None):  # (B, T), (B, T) -> mean fp32 loss
+        k_embed = k_blocks = None
+        if key is not None:
+            k_embed, k_blocks = jax.random.split(key)
+        return self.head_loss(self.blocks(self.embed(tokens, k_embed), k_blocks), targets)
+
+
+# Logical axes of one (unstacked) block's parameters: the pipeline's shard_map specs and
+# sharding.block_group_rules walk this tree. Axes do not depend on sizes, so any config does.
+BLOCK_AXES: Params = _params_tree(nnx.state(Block(ModelConfig(n_layer=1, n_embd=8, n_head=1), get_policy("fp32"))),
+                                  lambda v: v.get_metadata()["axes"])
 
 
 def token_nll(logits, targets):
@@ -314,18 +336,3 @@ def token_nll(logits, targets):
 def cross_entropy(logits, targets):
     """Mean token cross-entropy in fp32. logits (B, T, V) fp32, targets (B, T) int."""
     return token_nll(logits, targets).mean()
-
-
-def forward(cfg: ModelConfig, params: Params, tokens, policy: Policy | str = "fp32", key=None, remat=False):
-    """Logits (B, T, V) fp32 from a plain params dict."""
-    return GPT2(cfg, params, policy, remat)(tokens, key)
-
-
-def loss_fn(cfg: ModelConfig, params: Params, tokens, targets, policy: Policy | str = "fp32", key=None, remat=False,
-            vocab_chunks: int = 1, mlp_chunks: int = 1):
-    """Mean fp32 loss; vocab_chunks / mlp_chunks > 1 split the head+loss / MLP (jaxpar.ops)."""
-    k_embed = k_blocks = None
-    if key is not None:
-        k_embed, k_blocks = jax.random.split(key)
-    model = GPT2(cfg, params, policy, remat, vocab_chunks, mlp_chunks)
-    return model.loss(model.blocks(model.embed(tokens, k_embed), k_blocks), targets)

@@ -23,8 +23,9 @@ automatic over `tensor`, and the collectives are written out:
 
 Same numbers as the auto-sharded path (the sums run in another order; fp32 parity bound):
 `tests/test_sharding_equivalence.py`. Model code is unchanged: `gpt2.GPT2` embeds and
-scores with the gathered params and `gpt2.block_apply` runs each gathered layer; inside the
-shard_map only the tensor rules are in force (the batch dim is local).
+scores with the gathered params and one layer's `gpt2.Block` (weights merged per scan step)
+runs each gathered layer; inside the shard_map only the tensor rules are in force (the batch
+dim is local).
 
 Used for fsdp > 1 without a pipeline (the pipeline gathers its stages itself) and without
 dropout (the auto path draws one mask for the global batch; per-device draws would differ
@@ -39,9 +40,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
+from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.config import Config
+from jaxpar.config import Config, Remat
 from jaxpar.layout import ParallelLayout
 from jaxpar.logical import activation_rules
 from jaxpar.models import gpt2
@@ -58,7 +60,7 @@ def applies(cfg: Config, mesh) -> bool:
     shape = dict(mesh.shape)
     tc = cfg.train
     return (shape.get("fsdp", 1) > 1 and shape.get("pipe", 1) == 1 and cfg.model.dropout == 0
-            and gpt2.remat_mode(tc.remat) != "selective" and tc.mlp_chunks == 1)
+            and Remat(tc.remat) != Remat.SELECTIVE and tc.mlp_chunks == 1)
 
 
 def _gather(a, spec: P, tensor_spec: P):
@@ -103,14 +105,15 @@ def make_fsdp_loss_fn(cfg: Config, mesh, lay: ParallelLayout) -> Callable:
     tensor = jax.tree.map(lambda s: _manual_spec(s, ("tensor",)), specs, is_leaf=is_spec)
     # one layer's specs: the stacked `layers` dim (never split) dropped
     layer_specs = jax.tree.map(lambda s: P(*s[1:]), (manual["h"], tensor["h"]), is_leaf=is_spec)
-    mode = gpt2.remat_mode(tc.remat)
+    mode = Remat(tc.remat)
+    block = nnx.graphdef(gpt2.Block(mc, policy, remat=mode, mlp_chunks=tc.mlp_chunks))  # one layer's structure
 
     def layer(h, lp):
         # lp: one layer's local shards; gathered here, so the scan holds one whole layer at a time
         lp = jax.tree.map(_gather, lp, *layer_specs)
-        return gpt2.block_apply(mc, policy, lp, h, None, mode == "selective", tc.mlp_chunks), None
+        return nnx.merge(block, lp)(h), None
 
-    if mode == "full":  # only the block input is saved
+    if mode == Remat.FULL:  # only the block input is saved
         layer = jax.checkpoint(layer, prevent_cse=False)
     else:  # save what the mode saves, except the gathered weights: backward gathers them again
         layer = jax.checkpoint(layer, prevent_cse=False, policy=_not_gathered)
@@ -121,14 +124,14 @@ def make_fsdp_loss_fn(cfg: Config, mesh, lay: ParallelLayout) -> Callable:
         # (over data·fsdp for params not sharded over fsdp), outside the layer loop
         params = jax.tree.map(lambda a: _varying(a, MANUAL), params)
         outer = {k: jax.tree.map(_gather, params[k], manual[k], tensor[k]) for k in ("wte", "wpe", "ln_f")}
-        model = gpt2.GPT2(mc, {**outer, "h": params["h"]}, policy, vocab_chunks=tc.vocab_chunks)
+        model = gpt2.GPT2(mc, {**outer, "h": params["h"]}, policy=policy, vocab_chunks=tc.vocab_chunks)
         with activation_rules(jax.sharding.get_abstract_mesh(), TP_RULES):
             x = model.embed(inputs)  # (b, T, D)
             # rolled even where gpt2.scan_unroll unrolls (bf16 on CPU): unrolled, each layer's
             # gathered weights were kept from forward to backward (measured: gather bytes = reduce-
             # scatter bytes, not 2x), i.e. every layer whole at once, not ZeRO-3 memory
             x, _ = jax.lax.scan(layer, x, params["h"])
-            loss = model.loss(x, targets)  # mean over this device's b·T tokens
+            loss = model.head_loss(x, targets)  # mean over this device's b·T tokens
         return jax.lax.pmean(loss, MANUAL)  # equal rows per device: the global mean
 
     batch = P(MANUAL, None)

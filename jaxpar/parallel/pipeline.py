@@ -74,6 +74,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -188,6 +189,7 @@ def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, lay: ParallelLayout, 
     # per-layer spec (the block dims) of each weight: which dims `_gather_fsdp` gathers
     layer_specs = jax.tree.map(lambda sp: P(*sp[3:]), w_specs, is_leaf=lambda a: isinstance(a, P))
     valid = jnp.asarray(layout.valid)
+    block = nnx.graphdef(gpt2.Block(mc, policy, mlp_chunks=mlp_chunks))  # one layer; weights merged per step
 
     def stage(w_all, valid_all, r, h, k):
         """One stage of one iteration: the Lmax layers of repeat r on (mb, T, D)."""
@@ -199,7 +201,7 @@ def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, lay: ParallelLayout, 
             lp, v, kk = xs
             if gather == "layer":  # (..., X/f) -> (..., X) for this layer only
                 lp = jax.tree.map(_gather_fsdp, lp, layer_specs)
-            y = gpt2.block_apply(mc, policy, lp, h, kk, mlp_chunks=mlp_chunks)
+            y = nnx.merge(block, lp)(h, kk)
             return (jnp.where(v, y, h) if masked else y), None
 
         h, _ = jax.lax.scan(layer, h, (w, ok, keys))
@@ -272,13 +274,14 @@ def _pipeline_model(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
     embedding, then the blocks pipelined over `pipe`. Callers apply the head (loss for
     training, logits for eval and sample) inside `lay.activation_rules`."""
     policy, mc, M = get_policy(cfg.precision), cfg.model, cfg.pipeline.microbatches
+    graphdef = nnx.graphdef(gpt2.GPT2(mc, policy=policy, vocab_chunks=cfg.train.vocab_chunks))
 
     def run(params, inputs, key, remat, x=None):
         # x: the embedded (B, T, D) inputs when the caller embeds (tied.per_group)
         k_embed = k_blocks = None
         if key is not None:
             k_embed, k_blocks = jax.random.split(key)
-        model = gpt2.GPT2(mc, params, policy, vocab_chunks=cfg.train.vocab_chunks)
+        model = nnx.merge(graphdef, params)
         x = model.embed(inputs, k_embed) if x is None else x
         w = to_stage_layout(params["h"], lay.stages)
         y = pipeline_blocks(mc, policy, mesh, lay, w, x, M, k_blocks, remat=remat, mlp_chunks=cfg.train.mlp_chunks,
@@ -300,7 +303,7 @@ def make_pipeline_loss_fn(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
     def loss(params, inputs, targets, key):
         with activation_rules(mesh, lay.activation_rules):
             model, y = run(params, inputs, key, True)
-            return model.loss(y, targets)
+            return model.head_loss(y, targets)
 
     if groups == 1:
         return loss
@@ -312,7 +315,7 @@ def make_pipeline_loss_fn(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
 
     def grouped(params, inputs, targets, key):
         wte_g = tied.broadcast_groups(params["wte"]["weight"], mesh, groups, axes, wte_spec)
-        model_for = lambda w: gpt2.GPT2(mc, {**params, "wte": {"weight": w}}, policy, vocab_chunks=vc)  # noqa: E731
+        model_for = lambda w: gpt2.GPT2(mc, {**params, "wte": {"weight": w}}, policy=policy, vocab_chunks=vc)  # noqa: E731
 
         def embed(w, x):
             with activation_rules(mesh, inner):
@@ -320,7 +323,7 @@ def make_pipeline_loss_fn(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
 
         def head_loss(w, y, t):
             with activation_rules(mesh, inner):
-                return model_for(w).loss(y, t)
+                return model_for(w).head_loss(y, t)
 
         with activation_rules(mesh, rules):
             B, T = inputs.shape
