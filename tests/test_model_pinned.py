@@ -1,5 +1,6 @@
-"""The model's loss and gradient, pinned bit for bit on one device (issue 14: the NNX rewrite of
-jaxpar/models/gpt2.py changed structure, not math).
+"""The model pinned across the NNX rewrite of jaxpar/models/gpt2.py (issue 14: structure, not math):
+its parameter tree (names, shapes, dtypes, logical axes) and its loss and gradient bit for bit on
+one device.
 
 The pins were taken with the model as it stood before that rewrite (commit ac68005), through the
 trainer's own loss (`train.make_loss_fn`: activation rules, remat, chunking, dropout keys), on
@@ -14,8 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
-from jaxpar.config import resolve
+from jaxpar.config import PRESETS, resolve
 from jaxpar.mesh import build_mesh
 from jaxpar.models import gpt2
 from jaxpar.train import make_loss_fn
@@ -56,3 +58,38 @@ def test_loss_and_grad_bits_are_pinned(overrides):
 if __name__ == "__main__":  # print fresh pins (only ever from the pre-rewrite model)
     for o in PINS:
         print(o, loss_and_grad_norm(o))
+
+
+def test_parameter_tree_is_the_params_dict():
+    """The module owns exactly the params dict's arrays under HF names, fp32, stacked layers
+    carrying the `layers` axis first: checkpoints, optax and the sharding rules see the same tree."""
+    mc = PRESETS["gpt2-tiny"]  # L=2, D=128, N=4, Hd=32, V=P=256, F=512
+    L, D, N, Hd, V, P, F = 2, 128, 4, 32, 256, 256, 512
+    expect = {
+        "wte": {"weight": ((V, D), ("vocab", "embed"))}, "wpe": {"weight": ((P, D), ("seq", "embed"))},
+        "ln_f": {"weight": ((D,), ("embed",)), "bias": ((D,), ("embed",))},
+        "h": {
+            "ln_1": {"weight": ((L, D), ("layers", "embed")), "bias": ((L, D), ("layers", "embed"))},
+            "ln_2": {"weight": ((L, D), ("layers", "embed")), "bias": ((L, D), ("layers", "embed"))},
+            "attn": {"c_attn": {"weight": ((L, D, 3, N, Hd), ("layers", "embed", None, "heads", "head_dim")),
+                                "bias": ((L, 3, N, Hd), ("layers", None, "heads", "head_dim"))},
+                     "c_proj": {"weight": ((L, N, Hd, D), ("layers", "heads", "head_dim", "embed")),
+                                "bias": ((L, D), ("layers", "embed"))}},
+            "mlp": {"c_fc": {"weight": ((L, D, F), ("layers", "embed", "mlp")), "bias": ((L, F), ("layers", "mlp"))},
+                    "c_proj": {"weight": ((L, F, D), ("layers", "mlp", "embed")), "bias": ((L, D), ("layers", "embed"))}},
+        },
+    }
+    is_pair = lambda t: isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], tuple)  # noqa: E731
+    assert gpt2.param_shapes(mc) == jax.tree.map(lambda t: t[0], expect, is_leaf=is_pair)
+    assert gpt2.param_axes(mc) == jax.tree.map(lambda t: t[1], expect, is_leaf=is_pair)
+    assert {a.dtype for a in jax.tree.leaves(gpt2.abstract_params(mc))} == {jnp.dtype(jnp.float32)}
+    assert gpt2.BLOCK_AXES == jax.tree.map(lambda t: t[1][1:], expect["h"], is_leaf=is_pair)
+
+    params = gpt2.init_params(mc, 0)
+    state = nnx.to_pure_dict(nnx.state(gpt2.GPT2(mc, params)))
+    assert jax.tree.structure(state) == jax.tree.structure(params)
+    assert all(a is b for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(params), strict=True))
+
+    bad = {**params, "wpe": {"weight": params["wpe"]["weight"][:100]}}
+    with pytest.raises(ValueError, match=r"^parameter weight \('seq', 'embed'\): shape \(100, 128\), expected \(256, 128\)$"):
+        gpt2.GPT2(mc, bad)

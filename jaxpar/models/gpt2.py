@@ -83,7 +83,7 @@ def _weight(params: Params | None, name: str, shape: tuple, axes: tuple, layers:
         return nnx.Param(jax.ShapeDtypeStruct(shape, jnp.float32), axes=axes)
     value = params[name]
     if tuple(value.shape) != shape:
-        raise ValueError(f"parameter {name}: shape {tuple(value.shape)}, expected {shape}")
+        raise ValueError(f"parameter {name} {axes}: shape {tuple(value.shape)}, expected {shape}")
     return nnx.Param(value, axes=axes)
 
 
