@@ -7,6 +7,7 @@ processes start without jax and the reference stays independent of the code it c
 
   grammar.py  the config grammar: `key=value` / YAML parsing, value coercion, `ConfigError`
   model.py    the GPT-2 shape (`ModelConfig`) and its presets, which both sides build
+  optim.py    the optimizer/schedule/batch settings both run with (`OptimSettings`)
   init.py     the numpy initialiser both frameworks start from (HF GPT-2's distribution)
   hf.py       the HF weight format: params <-> HF state-dict names/shapes, config.json
   data.py     the data layout: tokenizers, uint16 token files, the (seed, step) batch order

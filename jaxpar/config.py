@@ -15,6 +15,7 @@ from typing import Any
 
 from gpt2common.grammar import ConfigError, field_types, load_yaml, parse_kv, parse_value
 from gpt2common.model import PRESETS, ModelConfig, check_shape, preset
+from gpt2common.optim import OptimSettings
 from jaxpar.groups import GROUP_NAMES
 
 
@@ -40,19 +41,9 @@ class PipelineConfig:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    steps: int = 1000
-    batch_size: int = 8  # global sequences per optimizer step
-    seq_len: int = 256
-    lr: float = 6e-4
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # global-norm clip; 0 disables
-    grad_accum: int = 1
+class TrainConfig(OptimSettings):
+    """OptimSettings (steps ... grad_accum, shared with torchref) + jaxpar's own train keys."""
+
     eval_every: int = 100  # 0 disables
     eval_batches: int = 8
     ckpt_every: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)

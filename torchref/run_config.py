@@ -26,6 +26,7 @@ from typing import Any
 
 from gpt2common.grammar import ConfigError, field_types, parse_value
 from gpt2common.model import PRESETS, ModelConfig, check_shape, preset
+from gpt2common.optim import OptimSettings
 
 KEY_POLICY: dict[str, tuple[str, str]] = {
     "model": ("mirrored", "preset -> the HF config of the run's init dir"),
@@ -80,22 +81,10 @@ IGNORED: dict[str, tuple[Any, Any]] = {
 
 
 @dataclass(frozen=True)
-class TrainSettings:
-    """The `train.*` keys torchref holds: the optimizer, schedule and batch keys (mirrored) and
-    `log_every`. Defaults are jaxpar's TrainConfig defaults."""
+class TrainSettings(OptimSettings):
+    """The `train.*` keys torchref holds: the optimizer, schedule and batch keys (mirrored: the
+    shared `gpt2common.optim.OptimSettings`) and `log_every`."""
 
-    steps: int = 1000
-    batch_size: int = 8  # global sequences per optimizer step
-    seq_len: int = 256
-    lr: float = 6e-4
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # global-norm clip; 0 disables
-    grad_accum: int = 1
     log_every: int = 1  # console lines every N steps (metrics.jsonl gets every step)
 
 
