@@ -182,6 +182,7 @@ def main(argv=None) -> dict:
         report["configs"][name] = rep
         print_table(name, rep, precisions, impls, threads)
         report["env"]["loadavg_after"] = os.getloadavg()
+        report["env"]["process_cpu_s"] = time.process_time()  # whole process so far (>= every step's sum)
         if args.out:  # after every configuration, so a long run leaves what it finished
             os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             with open(args.out, "w") as f:
@@ -256,7 +257,7 @@ def run_config(args, dims, precisions, impls, native_bf16) -> dict:
         results[n] = {"median_s": med, "p10_s": float(q[0]), "p90_s": float(q[1]), "times_s": ts,
                       "tokens_per_s": tokens / med, "gflops_per_s": fpt * tokens / med / 1e9,
                       "first_step_s": compile_s[n], "first_loss": first_loss[n],
-                      "cpu_median_s": statistics.median(cpu[n])}
+                      "cpu_s": cpu[n], "cpu_median_s": statistics.median(cpu[n])}
     ratios = {}
     for prec in precisions:
         j = results.get(f"jaxpar/{prec}")

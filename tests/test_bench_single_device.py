@@ -7,6 +7,7 @@ started from the same weights (same first loss), and that every ratio is a posit
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 
@@ -34,8 +35,13 @@ def test_single_device_benchmark_micro(tmp_path):
     assert set(rep["results"]) == {"jaxpar/fp32", "torch_eager/fp32", "jaxpar/bf16", "torch_eager/bf16"}
     for r in rep["results"].values():
         assert len(r["times_s"]) == 2 and r["median_s"] > 0 and r["tokens_per_s"] > 0
-        # per-step CPU time (not the process's running total): at most every core busy for the step
-        assert 0 < r["cpu_median_s"] <= max(r["times_s"]) * os.cpu_count() * 1.05
+        # per-step CPU time, not the process's running total. (Not bounded by wall x cores: the
+        # kernel accounts other threads' CPU lazily, so a 2 ms window can show 4.7 ms.)
+        assert len(r["cpu_s"]) == 2 and all(c > 0 for c in r["cpu_s"])
+        assert r["cpu_median_s"] == statistics.median(r["cpu_s"])
+    # the steps' windows are disjoint, so their CPU times sum to at most the whole process's
+    # (a running total would count the imports and compiles once per step)
+    assert sum(sum(r["cpu_s"]) for r in rep["results"].values()) <= env["process_cpu_s"]
     assert set(rep["ratios"]) == {"fp32/vs_torch_eager", "bf16/vs_torch_eager", "bf16/vs_jaxpar_fp32"}
     assert all(math.isfinite(v) and v > 0 for v in rep["ratios"].values())
     # Same weights and batch on both sides: identical first loss in fp32 (~ln 64), close in bf16.
