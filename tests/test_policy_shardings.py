@@ -130,14 +130,19 @@ def _worker(out_dir: str) -> None:
                                             pipeline=PipelineConfig(microbatches=2))  # layers -> pipe (L=2)
     cases["replicate"] = dataclasses.replace(base, mesh=MeshConfig(data=2, fsdp=4),
                                              sharding=ShardingConfig(replicate=("embed", "mlp")))
+    # ZeRO-3 on the auto-sharded step (remat=selective keeps it off parallel/fsdp.py's shard_map):
+    # the only fsdp > 1 case where the activation rules, not the shard_map, place the batch
+    cases["dp_fsdp_tp_auto"] = dataclasses.replace(base, mesh=S.NAMED_MESHES["dp_fsdp_tp"],
+                                                   train=dataclasses.replace(base.train, remat="selective"))
     for name, cfg in cases.items():
         tr = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()))
         batch = jax.ShapeDtypeStruct((B, T), np.int32, sharding=tr.batch_sharding)
         args = (tr.abstract_state(), batch, batch)
         text = tr.step_fn.lower(*args).as_text()
-        if name in S.NAMED_MESHES:
+        if name in S.NAMED_MESHES or name == "dp_fsdp_tp_auto":
             res["activations"][name] = activation_shardings(text, dict(tr.mesh.shape))
-        res["compiled"][name] = {"mesh": dataclasses.asdict(cfg.mesh), "inputs": input_shardings(text, args)}
+        if name != "dp_fsdp_tp_auto":
+            res["compiled"][name] = {"mesh": dataclasses.asdict(cfg.mesh), "inputs": input_shardings(text, args)}
 
     # dry run through the CLI entry point, from an empty working directory
     work = os.path.join(out_dir, "cwd")
@@ -204,6 +209,8 @@ def test_golden_snapshot_of_key_activation_shardings(results):
     assert golden["dp_fsdp_tp"]["residual (batch, seq, embed)"] == ["data,fsdp|-|- -> bf16[2,32,128]"]
     assert golden["dp_fsdp_tp"]["logits (batch, seq, vocab)"] == ["data,fsdp|-|tensor -> f32[2,32,128]"]
     assert golden["fsdp"]["mlp hidden (batch, seq, mlp)"] == ["fsdp|-|- -> bf16[1,32,512]"]
+    # the auto-sharded ZeRO-3 step (remat=selective): the activation rules put batch over data×fsdp
+    assert golden["dp_fsdp_tp_auto"]["residual (batch, seq, embed)"] == ["data,fsdp|-|- -> bf16[2,32,128]"]
     c = results["compiled_shapes"]
     assert c["bf16[1,32,512]"] > 0 and c["f32[1,32,256]"] > 0, c
     assert c["bf16[4,32,512]"] == c["f32[4,32,256]"] == c["bf16[8,32,512]"] == c["f32[8,32,256]"] == 0, c
