@@ -113,7 +113,7 @@ def _train_worker(names: list[str]) -> dict:
 
 
 def _forward_worker() -> dict:
-    """pipeline_blocks vs the sequential `run_blocks` scan on one device, several layouts."""
+    """pipeline_blocks vs the model's own sequential layer scan (`GPT2.blocks`) on one device, several layouts."""
     import jax
     import jax.numpy as jnp
 
