@@ -385,7 +385,7 @@ MUTANTS: list[Mutant] = [
            "return (y.astype(jnp.float32) + bias).astype(y.dtype)",
            "return y + bias.astype(y.dtype)",
            "bias adds in bf16, so bias gradients are summed in bf16",
-           (T + "test_policy_dtypes.py", EQUIV)),
+           (T + "test_ops.py::test_bf16_chunked_mlp_equals_bf16_plain", T + "test_policy_dtypes.py", EQUIV)),
     Mutant("scores_in_bf16", "amp", "jaxpar/models/gpt2.py",
            's = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32)',
            's = jnp.einsum("btnh,bsnh->bnts", q, k)',
