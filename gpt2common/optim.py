@@ -22,3 +22,20 @@ class OptimSettings:
     eps: float = 1e-8
     grad_clip: float = 1.0  # global-norm clip; 0 disables
     grad_accum: int = 1
+
+
+def check_optim(t: OptimSettings) -> None:
+    """The range checks of the optimizer settings, one-line ConfigErrors naming the value; both
+    `jaxpar.config.validate` and torchref's `validate_run` call it at the same point of their order."""
+    from gpt2common.grammar import ConfigError
+
+    if t.lr <= 0:
+        raise ConfigError(f"train.lr={t.lr} must be positive")
+    for name in ("beta1", "beta2"):
+        if not 0.0 <= getattr(t, name) < 1.0:
+            raise ConfigError(f"train.{name}={getattr(t, name)} must be in [0, 1)")
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        raise ConfigError(f"train.min_lr_ratio={t.min_lr_ratio} must be in [0, 1]")
+    for name in ("eps", "weight_decay", "grad_clip"):
+        if getattr(t, name) < 0:
+            raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")

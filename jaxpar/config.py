@@ -15,7 +15,7 @@ from typing import Any
 
 from gpt2common.grammar import ConfigError, field_types, load_yaml, parse_kv, parse_value
 from gpt2common.model import PRESETS, ModelConfig, check_shape, preset
-from gpt2common.optim import OptimSettings
+from gpt2common.optim import OptimSettings, check_optim
 from jaxpar.groups import GROUP_NAMES
 
 
@@ -179,16 +179,7 @@ def validate(cfg: Config) -> Config:
     if bad_groups:
         raise ConfigError(f"sharding.replicate={','.join(cfg.sharding.replicate)} names unknown groups "
                           f"({', '.join(bad_groups)}); choose from {', '.join(PARAM_GROUPS)}")
-    if t.lr <= 0:
-        raise ConfigError(f"train.lr={t.lr} must be positive")
-    for name, lo, hi in (("beta1", 0.0, 1.0), ("beta2", 0.0, 1.0)):
-        if not lo <= getattr(t, name) < hi:
-            raise ConfigError(f"train.{name}={getattr(t, name)} must be in [{lo:g}, {hi:g})")
-    if not 0.0 <= t.min_lr_ratio <= 1.0:
-        raise ConfigError(f"train.min_lr_ratio={t.min_lr_ratio} must be in [0, 1]")
-    for name in ("eps", "weight_decay", "grad_clip"):
-        if getattr(t, name) < 0:
-            raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")
+    check_optim(t)
     if t.log_every < 0:
         raise ConfigError(f"train.log_every={t.log_every} must be >= 0")
     if not 0 <= cfg.seed < 2**32:  # numpy's SeedSequence takes non-negative seeds only

@@ -26,7 +26,7 @@ from typing import Any
 
 from gpt2common.grammar import ConfigError, field_types, parse_value
 from gpt2common.model import PRESETS, ModelConfig, check_shape, preset
-from gpt2common.optim import OptimSettings
+from gpt2common.optim import OptimSettings, check_optim
 
 KEY_POLICY: dict[str, tuple[str, str]] = {
     "model": ("mirrored", "preset -> the HF config of the run's init dir"),
@@ -153,16 +153,7 @@ def validate_run(cfg: RunConfig) -> None:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be positive")
     if t.warmup_steps < 0:
         raise ConfigError(f"train.warmup_steps={t.warmup_steps} must be >= 0")
-    if t.lr <= 0:
-        raise ConfigError(f"train.lr={t.lr} must be positive")
-    for name in ("beta1", "beta2"):
-        if not 0.0 <= getattr(t, name) < 1.0:
-            raise ConfigError(f"train.{name}={getattr(t, name)} must be in [0, 1)")
-    if not 0.0 <= t.min_lr_ratio <= 1.0:
-        raise ConfigError(f"train.min_lr_ratio={t.min_lr_ratio} must be in [0, 1]")
-    for name in ("eps", "weight_decay", "grad_clip"):
-        if getattr(t, name) < 0:
-            raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")
+    check_optim(t)
     if t.log_every < 0:
         raise ConfigError(f"train.log_every={t.log_every} must be >= 0")
     if not 0 <= cfg.seed < 2**32:  # numpy's SeedSequence takes non-negative seeds only
