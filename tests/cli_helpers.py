@@ -64,3 +64,22 @@ def rank_of(pid: int) -> int | None:
         return int(env[b"JAXPAR_PROCESS_ID"])
     except (OSError, KeyError, ValueError):
         return None
+
+
+def kill_rank1_of_bare_pair(argv: list[str], out, env_of_rank, min_steps: int = 1,
+                            timeout: float = 300) -> tuple[int, str, float]:
+    """Start `jaxpar <argv>` as two bare processes (as srun/mpiexec would: `env_of_rank(r)` gives each
+    its JAXPAR_* environment), SIGKILL rank 1 once `min_steps` steps are logged, and wait for rank 0.
+    Returns rank 0's (exit code, stderr, seconds from the kill to its exit)."""
+    procs = [subprocess.Popen([sys.executable, "-m", "jaxpar.cli", *argv], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env=env_of_rank(r)) for r in range(2)]
+    try:
+        wait_for_steps(out, procs[0], min_steps=min_steps, timeout=timeout)
+        procs[1].kill()
+        t0 = time.monotonic()
+        _, err = procs[0].communicate(timeout=120)
+        return procs[0].returncode, err, time.monotonic() - t0
+    finally:
+        for q in procs:
+            if q.poll() is None:
+                q.kill()

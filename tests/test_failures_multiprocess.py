@@ -14,10 +14,9 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-from cli_helpers import children, clean_env, rank_of, wait_for_steps
+from cli_helpers import children, clean_env, kill_rank1_of_bare_pair, rank_of, wait_for_steps
 
 TRAIN = ["train", "model=gpt2-tiny", "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "train.seq_len=16",
          "train.batch_size=2", "mesh.data=2", "train.steps=100000", "train.eval_every=0", "progress=plain"]
@@ -72,22 +71,11 @@ def test_a_rank_that_loses_its_peer_exits_with_one_error_line(tmp_path):
     from jaxpar.launch import free_port
 
     out, port = tmp_path / "bare", free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "jaxpar.cli", *TRAIN, f"out={out}"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True,
-                              env=clean_env(JAXPAR_COORDINATOR=f"127.0.0.1:{port}", JAXPAR_NUM_PROCESSES="2",
-                                            JAXPAR_PROCESS_ID=str(r), JAXPAR_HEARTBEAT_TIMEOUT="10"))
-             for r in range(2)]
-    try:
-        wait_for_steps(out, procs[0], min_steps=2)
-        procs[1].kill()
-        t0 = time.monotonic()
-        _, err = procs[0].communicate(timeout=120)
-        elapsed = time.monotonic() - t0
-    finally:
-        for q in procs:
-            if q.poll() is None:
-                q.kill()
-    assert procs[0].returncode == 3, err[-3000:]  # jaxpar.launch.LOST_PEER_EXIT
+    rc, err, elapsed = kill_rank1_of_bare_pair(
+        [*TRAIN, f"out={out}"], out, min_steps=2,
+        env_of_rank=lambda r: clean_env(JAXPAR_COORDINATOR=f"127.0.0.1:{port}", JAXPAR_NUM_PROCESSES="2",
+                                        JAXPAR_PROCESS_ID=str(r), JAXPAR_HEARTBEAT_TIMEOUT="10"))
+    assert rc == 3, err[-3000:]  # jaxpar.launch.LOST_PEER_EXIT
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and re.fullmatch(r"error: process 0 lost contact with its peers \(.+\); resume=true "
                                             r"continues from the last complete checkpoint", lines[0]), err[-3000:]

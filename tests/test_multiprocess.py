@@ -18,7 +18,7 @@ import sys
 import time
 
 import pytest
-from cli_helpers import children, rank_of, wait_for_steps
+from cli_helpers import children, kill_rank1_of_bare_pair, rank_of, wait_for_steps
 from extras import require_mpiexec
 
 from jaxpar.tolerances import MULTIPROCESS_VS_SINGLE
@@ -110,21 +110,11 @@ def test_dead_rank_without_launcher_survivor_errors_out(tmp_path):
     """Bare processes (as srun/mpiexec would start them): the heartbeat (10 s here) ends the survivor."""
     out = tmp_path / "bare"
     port = __import__("jaxpar.launch", fromlist=["x"]).free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "jaxpar.cli", *TRAIN, "train.steps=100000", f"out={out}"],
-                              env=_env(JAXPAR_COORDINATOR=f"127.0.0.1:{port}", JAXPAR_NUM_PROCESSES="2",
-                                       JAXPAR_PROCESS_ID=str(r)), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
-    try:
-        wait_for_steps(out, procs[0], timeout=240)
-        procs[1].kill()
-        t0 = time.monotonic()
-        _, err = procs[0].communicate(timeout=120)
-        elapsed = time.monotonic() - t0
-    finally:
-        for q in procs:
-            if q.poll() is None:
-                q.kill()
-    assert procs[0].returncode != 0
+    rc, _, elapsed = kill_rank1_of_bare_pair(
+        [*TRAIN, "train.steps=100000", f"out={out}"], out, timeout=240,
+        env_of_rank=lambda r: _env(JAXPAR_COORDINATOR=f"127.0.0.1:{port}", JAXPAR_NUM_PROCESSES="2",
+                                   JAXPAR_PROCESS_ID=str(r)))
+    assert rc != 0
     assert elapsed < 90, elapsed
 
 
