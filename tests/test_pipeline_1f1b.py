@@ -107,6 +107,7 @@ def _grads_worker(names: list[str]) -> dict:
     compile's temp bytes; plus the memory cases at MEM_M."""
     import jax
 
+    from jaxpar.inspect import collective_bytes
     from jaxpar.mesh import build_mesh
     from jaxpar.models import gpt2
     from jaxpar.train import build_trainer, make_loss_fn
@@ -151,7 +152,11 @@ def _grads_worker(names: list[str]) -> dict:
         res[name] = {"loss": [la, lb], "loss_rel": abs(lb - la) / abs(la),
                      "grad_rel": {k: float(np.max(np.abs(gb[k] - ga[k])) / max(np.max(np.abs(ga[k])), 1e-30))
                                   for k in ga},
-                     "conditionals": comp["1f1b"][0].as_text().count(" conditional(")}
+                     "conditionals": comp["1f1b"][0].as_text().count(" conditional("),
+                     # (kind, executions per step) of every collective op in the compiled 1F1B step
+                     "collectives": sorted({(op["kind"], op["times"]) for op in
+                                            collective_bytes(comp["1f1b"][0].as_text())["ops"]}),
+                     "ticks": n_ticks(sizes["pipe"], M)}
     return res
 
 
@@ -209,7 +214,14 @@ def fast(tmp_path_factory):
 
 
 def test_1f1b_equals_gpipe_data_fsdp_pipe(fast):
-    _check(fast[FAST[0]])
+    r = fast[FAST[0]]
+    _check(r)
+    # the loop moves activations and input gradients only: one permute each way per tick; every
+    # gradient reduction (reduce-scatter over fsdp, all-reduce over data / pipe) and the fsdp
+    # gathers run once per step, outside the loop
+    loop = [k for k, n in r["collectives"] if n != 1]
+    assert loop == ["collective-permute"] and ["collective-permute", r["ticks"]] in r["collectives"], r
+    assert {k for k, _ in r["collectives"]} == {"collective-permute", "all-gather", "reduce-scatter", "all-reduce"}
 
 
 def test_compiled_memory_flat_in_microbatches_where_gpipe_grows(fast):
