@@ -29,7 +29,7 @@ CASES = {
     "pipe=2/M=4": ({"pipe": 2}, 4, 4, "fp32"),
     "pipe=4/M=8": ({"pipe": 4}, 8, 4, "fp32"),  # M > 2S-1: the ring wraps
     "pipe=4/M=4": ({"pipe": 4}, 4, 4, "fp32"),  # M < 2S-1: one slot per microbatch
-    "pipe=4/M=2": ({"pipe": 4}, 2, 4, "fp32"),  # M < S: stages 0-1 never forward and backward in one tick
+    "pipe=4/M=2": ({"pipe": 4}, 2, 4, "fp32"),  # M < S: only the last stage forwards and backwards in one tick
     "data=2,pipe=2/M=2": ({"data": 2, "pipe": 2}, 2, 4, "fp32"),
     "fsdp=2,pipe=2/M=2": ({"fsdp": 2, "pipe": 2}, 2, 4, "fp32"),
     "tensor=2,pipe=2/M=4": ({"tensor": 2, "pipe": 2}, 4, 4, "fp32"),  # tensor collectives inside lax.cond
