@@ -262,7 +262,7 @@ def test_fixed_config_over_memory_names_the_resource(tmp_path, capsys):
     (["mesh.pipe=8", "pipeline.repeats=4"],
      "error: mesh.pipe=8 × pipeline.repeats=4 = 32 virtual stages do not divide model.n_layer=12"),
     (["pipeline.schedule=gpipe", "pipeline.repeats=2"],
-     "error: pipeline.schedule=gpipe with pipeline.repeats=2: gpipe runs one repeat, circular more than one"),
+     "error: pipeline.schedule=gpipe with pipeline.repeats=2: gpipe and 1f1b run one repeat, circular more than one"),
     (["mesh.data=2", "mesh.fsdp=2", "pipeline.microbatches=3"],
      "error: pipeline.microbatches=3 does not divide the 4 sequences per data replica "
      "(train.batch_size=16 / mesh.data×mesh.fsdp=4)"),

@@ -116,7 +116,8 @@ def print_table(rows: list[dict], title: str) -> None:
         tab.add_column(col, justify="right" if col not in ("mesh d×f×t×p", "params (embed/attn/mlp)") else "left")
     for i, r in enumerate(rows):
         osdp = "/".join("Z3" if r["osdp"][g] == "sharded" else "rep" for g in ("embed", "attn", "mlp"))
-        tab.add_row(str(i + 1), _mesh_str(r["mesh"]), osdp, str(r["microbatches"]), str(r["repeats"]), r["remat"],
+        tab.add_row(str(i + 1), _mesh_str(r["mesh"]), osdp, str(r["microbatches"]),
+                    "1f1b" if r.get("schedule") == "1f1b" else str(r["repeats"]), r["remat"],
                     f"{r['vocab_chunks']}/{r['mlp_chunks']}", fmt_bytes(r["memory_per_device_bytes"]),
                     f"{r['step_time_s']:.4g}", f"{100 * r['mfu']:.1f}%", f"{100 * r['bubble']:.1f}%")
     Console(width=160).print(tab)
