@@ -229,6 +229,42 @@ def test_1f1b_equals_gpipe_slow(tmp_path, name):
     _check(_run_worker(tmp_path, "grads", name)[name], CASES[name][3])
 
 
+# ----------------------------------------------------------------------------- jaxpar train
+
+
+CLI = ["train", "model=gpt2-tiny", "model.n_layer=4", "mesh.pipe=2", "pipeline.microbatches=4", "train.steps=3",
+       "train.seq_len=32", "train.batch_size=8", "train.warmup_steps=0", "train.lr=1e-3", "train.eval_every=0",
+       "precision=fp32", "progress=plain"]
+
+
+def test_cli_unsupported_setting_exits_2_with_one_line(tmp_path):
+    from cli_helpers import run
+
+    r = run([*CLI, "pipeline.schedule=1f1b", "model.dropout=0.1", f"out={tmp_path / 'x'}"])
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [
+        "error: pipeline.schedule=1f1b does not support model.dropout=0.1 (use 0, or schedule=gpipe)"]
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_cli_1f1b_losses_equal_gpipe(tmp_path):
+    from cli_helpers import run
+
+    losses = {}
+    for sched in ("gpipe", "1f1b"):
+        out = tmp_path / sched
+        r = run([*CLI, f"pipeline.schedule={sched}", f"out={out}"])
+        assert r.returncode == 0, r.stderr[-3000:]
+        recs = [json.loads(ln) for ln in open(out / "metrics.jsonl")]
+        assert [x["step"] for x in recs] == [1, 2, 3]
+        losses[sched] = [(x["loss"], x["grad_norm"]) for x in recs]
+    tol = SHARDED_VS_SINGLE["fp32"]
+    for (lg, ng), (lf, nf) in zip(losses["gpipe"], losses["1f1b"]):
+        assert abs(lf - lg) <= tol["loss"] * abs(lg) and abs(nf - ng) <= tol["grad"] * ng, losses
+    assert losses["gpipe"][0][0] - losses["gpipe"][2][0] > 1e-2  # the steps move the loss beyond the tolerance
+
+
 if __name__ == "__main__":
     kind, out_path, *names = sys.argv[1:]
     if kind == "fast":
