@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxpar.config import PRESETS, Config, ConfigError, MeshConfig, PipelineConfig, TrainConfig
+from jaxpar.config import PRESETS, Config, ConfigError, MeshConfig, PipelineConfig, ShardingConfig, TrainConfig
 from jaxpar.layout import bubble_fraction, build_layout
 from jaxpar.parallel.pipeline_1f1b import n_ticks, ring_slots, schedule_table
 from jaxpar.tolerances import SHARDED_VS_SINGLE
@@ -32,8 +32,13 @@ CASES = {
     "data=2,pipe=2/M=2": ({"data": 2, "pipe": 2}, 2, 4, "fp32"),
     "fsdp=2,pipe=2/M=2": ({"fsdp": 2, "pipe": 2}, 2, 4, "fp32"),
     "tensor=2,pipe=2/M=4": ({"tensor": 2, "pipe": 2}, 4, 4, "fp32"),  # tensor collectives inside lax.cond
-    "pipe=2/M=4/nonuniform-3,1": ({"pipe": 2}, 4, 4, "fp32", (3, 1)),
+    "pipe=2/M=4/nonuniform-3,1": ({"pipe": 2}, 4, 4, "fp32", {"lps": (3, 1)}),
     "pipe=2/M=4/bf16": ({"pipe": 2}, 4, 4, "bf16"),
+    # chunked head+loss and MLP inside the ticks; OSDP groups kept whole over fsdp (their grads
+    # then psum over fsdp instead of reduce-scattered)
+    "fsdp=2,pipe=2/M=2/chunks,replicate=embed,attn": ({"fsdp": 2, "pipe": 2}, 2, 4, "fp32",
+                                                      {"train": {"vocab_chunks": 2, "mlp_chunks": 2},
+                                                       "replicate": ("embed", "attn")}),
 }
 FAST = ("data=2,fsdp=2,pipe=2/M=4",)
 MEM_MESH, MEM_M = {"data": 2, "fsdp": 2, "pipe": 2}, (4, 16)  # the memory test reuses FAST[0]'s M=4 compile
@@ -106,15 +111,17 @@ def _grads_worker(names: list[str]) -> dict:
     from jaxpar.models import gpt2
     from jaxpar.train import build_trainer, make_loss_fn
 
-    def compiled(sizes, M, n_layer, precision, lps=None):
+    def compiled(sizes, M, n_layer, precision, opts=None):
+        opts = opts or {}
         model = dataclasses.replace(PRESETS["gpt2-tiny"], n_layer=n_layer)
         dp = sizes.get("data", 1) * sizes.get("fsdp", 1)
         B = M * dp * MB
         out = {}
         for sched in ("gpipe", "1f1b"):
             cfg = Config(model=model, mesh=MeshConfig(**sizes), precision=precision,
-                         pipeline=PipelineConfig(microbatches=M, schedule=sched, layers_per_stage=lps),
-                         train=TrainConfig(batch_size=B, seq_len=T))
+                         pipeline=PipelineConfig(microbatches=M, schedule=sched, layers_per_stage=opts.get("lps")),
+                         train=TrainConfig(batch_size=B, seq_len=T, **opts.get("train", {})),
+                         sharding=ShardingConfig(replicate=opts.get("replicate", ())))
             mesh = build_mesh(cfg.mesh, jax.devices()[:int(np.prod(list(sizes.values())))])
             tr = build_trainer(cfg, mesh)
             loss_fn = make_loss_fn(cfg, mesh)
@@ -129,8 +136,8 @@ def _grads_worker(names: list[str]) -> dict:
 
     res = {}
     for name in names:
-        sizes, M, n_layer, precision, *lps = CASES[name]
-        model, B, comp = compiled(sizes, M, n_layer, precision, *lps)
+        sizes, M, n_layer, precision, *opts = CASES[name]
+        model, B, comp = compiled(sizes, M, n_layer, precision, *opts)
         rng = np.random.default_rng(0)
         x, y = (rng.integers(0, 256, (B, T), dtype=np.int32) for _ in range(2))
         r = {}
