@@ -32,7 +32,7 @@ class MeshConfig:
 @dataclass(frozen=True)
 class PipelineConfig:
     microbatches: int = 1
-    schedule: str = "gpipe"  # gpipe | circular
+    schedule: str = "gpipe"  # gpipe | circular | 1f1b (jaxpar.parallel.pipeline_1f1b)
     repeats: int = 1  # chunks per device for the circular schedule
     layers_per_stage: tuple[int, ...] | None = None  # manual stage partition
     # when fsdp-sharded block weights are all-gathered: step (the whole stage once per step,
@@ -94,7 +94,7 @@ class Config:
 
 PRECISIONS = ("bf16", "fp32")
 ATTENTIONS = ("auto", "xla", "cudnn")
-SCHEDULES = ("gpipe", "circular")
+SCHEDULES = ("gpipe", "circular", "1f1b")
 GATHERS = ("step", "layer")  # pipeline.gather
 
 

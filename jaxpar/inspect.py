@@ -265,6 +265,8 @@ def theory_bytes(cfg) -> dict[str, float]:
           2·N · b·s·h · bytes(activation). Plus the loop's ends: the embedded (B/(d·f), s, h)
           rows are all-gathered over pipe for stage 0 and stage S-1's outputs all-reduced back
           (fp32), each transposed in backward: 2 · (1 + 2)(S-1)/S · B/(d·f)·s·h · 4.
+          1F1B (jaxpar.parallel.pipeline_1f1b): N = M + 2S - 2 ticks, each one (b, s, h)
+          permute forward and one back; token ids go in, so no ends term.
     """
     from jaxpar.config import MeshConfig
     from jaxpar.sharding import local_shard_elements
@@ -291,6 +293,8 @@ def theory_bytes(cfg) -> dict[str, float]:
 
         N = n_iterations(S, cfg.pipeline.microbatches, cfg.pipeline.repeats)
         ends = 2.0 * 3.0 * ring(S) * rows * tc.seq_len * m.n_embd * 4
+        if cfg.pipeline.schedule == "1f1b":  # M+2S-2 ticks, one permute each way; no embedded rows moved
+            N, ends = cfg.pipeline.microbatches + 2 * S - 2, 0.0
         out["pipe"] = (2.0 * N * unit * act + ends) * tc.grad_accum
     out["total"] = out["dp"] + out["fsdp"] + out["tp"] + out["pipe"]
     return out

@@ -174,6 +174,16 @@ def bubble_fraction(S: int, M: int, R: int = 1) -> float:
     return 1.0 - R * M / n_iterations(S, M, R)
 
 
+def one_f_one_b_problem(cfg: Config) -> str | None:
+    """What pipeline.schedule=1f1b (jaxpar.parallel.pipeline_1f1b) does not support, or None."""
+    if cfg.model.dropout > 0:
+        return f"pipeline.schedule=1f1b does not support model.dropout={cfg.model.dropout} (use 0, or schedule=gpipe)"
+    if cfg.pipeline.gather != "step":
+        return (f"pipeline.schedule=1f1b does not support pipeline.gather={cfg.pipeline.gather!r} "
+                "(use gather=step, or schedule=gpipe)")
+    return None
+
+
 def pipeline_stages(cfg: Config) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """(layers per virtual stage, warnings) for cfg.pipeline on the resolved cfg.mesh (pipe > 1).
     Raises one-line ConfigErrors; the warnings are for the command to print, once."""
@@ -185,6 +195,8 @@ def pipeline_stages(cfg: Config) -> tuple[tuple[int, ...], tuple[str, ...]]:
         raise ConfigError(f"pipeline.microbatches={M} must be >= 1")
     if R > 1 and pc.schedule != "circular":
         raise ConfigError(f"pipeline.repeats={R} needs pipeline.schedule=circular (got {pc.schedule!r})")
+    if pc.schedule == "1f1b" and (why := one_f_one_b_problem(cfg)):
+        raise ConfigError(why)
     if why := stages_problem(S, L):
         raise ConfigError(why)
     if R * S > L:

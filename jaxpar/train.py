@@ -121,6 +121,10 @@ class Trainer:
 def make_loss_fn(cfg: Config, mesh, layout: ParallelLayout | None = None) -> Callable:
     """(params, inputs (B,T), targets (B,T), key|None) -> mean fp32 loss, with activation rules on."""
     lay = layout or build_layout(cfg, mesh.devices.size)
+    if lay.pipelined and cfg.pipeline.schedule == "1f1b":  # manual-gradient 1F1B: jaxpar.parallel.pipeline_1f1b
+        from jaxpar.parallel.pipeline_1f1b import make_1f1b_loss_fn
+
+        return make_1f1b_loss_fn(cfg, lay, mesh)
     if lay.pipelined:  # blocks pipelined over `pipe`: jaxpar.parallel.pipeline
         from jaxpar.parallel.pipeline import make_pipeline_loss_fn
 

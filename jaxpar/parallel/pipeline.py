@@ -58,12 +58,12 @@ rows 23-25). Tensor parallelism stays automatic inside the stage: the model's
 Remat: the stage computation of each iteration is `jax.checkpoint`-ed, so the scan saves only
 the (mb, T, D) stage input per iteration and recomputes the stage in the backward pass.
 
-Out of scope: 1F1B (PipeDream-flush) interleaves one microbatch's backward with later
-forwards on each stage. Inside a single SPMD program the backward is produced by autodiff of
-the whole forward scan, so all forwards precede all backwards (GPipe order); 1F1B needs one
-program per stage (MPMD, e.g. separate jits per stage with explicit send/recv) and is not
-implemented here. Its benefit is activation memory (S instead of M in flight), which remat
-already addresses.
+1F1B: `pipeline.schedule=1f1b` is `jaxpar.parallel.pipeline_1f1b`. Autodiff of this forward
+scan puts every forward before every backward, but one SPMD program can still run 1F1B when the
+backward is written by hand inside the scan (a `jax.custom_vjp` loss whose forward runs the
+whole step): stage s forwards microbatch t-s and backwards t-(2S-2-s) at tick t, holding at
+most min(M, 2S-1) stage inputs instead of M+S-1, with the embedding and head per microbatch on
+the first / last stage. Eval and sampling (forward only) use this module's GPipe forward.
 """
 
 from __future__ import annotations

@@ -163,6 +163,17 @@ MUTANTS: list[Mutant] = [
            "first = (R - 1) * M + S - 1",
            "circular schedule reads its outputs at the wrong iteration when M < S (uses M, not max(M, S))",
            (T + "test_pipeline.py",)),
+    Mutant("1f1b_backward_reads_newest_input", "pipeline", "jaxpar/parallel/pipeline_1f1b.py",
+           "x = jax.lax.dynamic_index_in_dim(ring, bi % K, keepdims=False)",
+           "x = jax.lax.dynamic_index_in_dim(ring, fi % K, keepdims=False)",
+           "1F1B backward re-runs the stage from the input just saved (microbatch f) instead of its own "
+           "microbatch b (identical on the last stage only)",
+           (T + "test_pipeline_1f1b.py",)),
+    Mutant("1f1b_seed_ignores_replicas", "pipeline", "jaxpar/parallel/pipeline_1f1b.py",
+           "seed = _varying(jnp.full((), 1.0 / (M * n_rows), jnp.float32), manual)",
+           "seed = _varying(jnp.full((), 1.0 / M, jnp.float32), manual)",
+           "1F1B gradients summed over data-parallel replicas instead of averaged (loss unchanged)",
+           (T + "test_pipeline_1f1b.py",)),
     # ------------------------------------------------------------- partition
     Mutant("partition_sum_not_max", "partition", "jaxpar/parallel/partition.py",
            "return max(prev, t) if cap is None else prev + t * t",
