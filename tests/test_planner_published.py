@@ -213,3 +213,9 @@ def test_1f1b_runs_the_published_1t_configuration():
     assert gp.memory["total"] / 2**30 == pytest.approx(197.0, abs=0.5)
     assert one.memory["total"] / 2**30 == pytest.approx(60.2, abs=0.1) and one.mfu == pytest.approx(0.379, abs=0.001)
     assert gp.mfu == pytest.approx(0.358, abs=0.001) and gp.bubble == one.bubble == pytest.approx(63 / 575)
+    # the search's memory floor for this mesh bounds the 1f1b plan (GPipe's floor alone, with the
+    # replica batch's 2·512 embedded sequences, is 107 GB: the mesh would be pruned before costing)
+    from jaxpar.planner.search import _memory_floor
+
+    mesh = (r.data, 1, r.tensor, r.pipe)
+    assert _memory_floor(w, mesh, dev) <= one.memory["total"] < 80 * 2**30 < _memory_floor(w, mesh, dev, schedule="gpipe")

@@ -230,8 +230,6 @@ def _schedules(w: Workload, p: int, space: SearchSpace, fixed: Fixed = Fixed()) 
             out = [(fixed.repeats, "circular")]
     if fixed.schedule is not None:
         out = [(r, sc) for r, sc in out if sc == fixed.schedule]
-        if fixed.schedule == "1f1b" and not out and fixed.repeats in (None, 1):
-            out = [(1, "1f1b")]  # fixed by the user even where the space leaves it out
     return out
 
 
