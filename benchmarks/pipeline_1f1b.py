@@ -100,7 +100,7 @@ def comm() -> list[dict]:
     sizes = {"data": 2, "fsdp": 2, "pipe": 2}
     rows = []
     for sched in SCHEDULES:
-        cfg = dataclasses.replace(_cfg(model, sizes, 4, sched, 4, 512), model_name="gpt2")
+        cfg = dataclasses.replace(_cfg(model, sizes, 4, sched, 1, 512), model_name="gpt2")  # batch 16, as comm_volume
         compiled, tr = compile_step(cfg)
         coll = collective_bytes(compiled.as_text())
         th = theory_bytes(tr.cfg)

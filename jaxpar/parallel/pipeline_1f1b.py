@@ -233,11 +233,10 @@ def make_1f1b_step(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
         loss = jax.lax.psum(loss, manual) / (M * n_rows)
         return loss, gw, go
 
-    w_in_specs = jax.tree.map(lambda sp: P(*sp), w_specs, is_leaf=is_spec)
     tok_spec = P(None, batch)
     f = jax.shard_map(body, mesh=mesh,
-                      in_specs=(w_in_specs, P("pipe"), {k: o_specs[k] for k in OUTER}, tok_spec, tok_spec),
-                      out_specs=(P(), w_in_specs, {k: o_specs[k] for k in OUTER}), axis_names=frozenset(manual))
+                      in_specs=(w_specs, P("pipe"), {k: o_specs[k] for k in OUTER}, tok_spec, tok_spec),
+                      out_specs=(P(), w_specs, {k: o_specs[k] for k in OUTER}), axis_names=frozenset(manual))
 
     def step(params, inputs, targets):
         B, T = inputs.shape
