@@ -225,5 +225,8 @@ def plan_for(w: Workload, n_devices: int, device: str = "h100", memory_limit: fl
 def plan_auto(cfg, n_devices: int, device: str = "cpu", memory_limit: float | None = None) -> Plan:
     """`jaxpar train plan=auto`: best plan for `cfg` (a Config) on n_devices, over the full search
     space (train runs every remat / op-splitting / OSDP option the planner searches)."""
+    from jaxpar.planner.search import SearchSpace
+
     w = Workload(cfg.model, cfg.train.batch_size, cfg.train.seq_len, cfg.precision)
-    return plan_for(w, n_devices, device, memory_limit)[0]
+    # pipeline.schedule=1f1b has no dropout (jaxpar.layout refuses it): not offered with dropout
+    return plan_for(w, n_devices, device, memory_limit, space=SearchSpace(one_f_one_b=cfg.model.dropout == 0))[0]
