@@ -27,7 +27,9 @@ no op splitting, no FSDP) under the planner's cost model, in the published place
 puts tensor groups on consecutive ranks, i.e. inside a node), which is also what `jaxpar train`
 builds since 2026-11-23 (`jaxpar.mesh.PLACEMENT`; the "before" column keeps jaxpar's old
 pipe-innermost placement); (b) the planner's own pick on the same
-devices, batch and memory, and whether the model predicts it no slower than (a). Also timed:
+devices, batch and memory (gpipe, circular and pipeline.schedule=1f1b searched), and whether the
+model predicts it no slower than (a); and (a) 1f1b: the published mesh and M run with jaxpar's
+1f1b (R = 1), which keeps 2S-1 stage inputs where GPipe keeps every microbatch's. Also timed:
 planning 3072 devices (the 1T row), target < 10 s.
 
     python benchmarks/published_configs.py [--out benchmarks/results/published_configs.json]
@@ -122,11 +124,21 @@ def evaluate_published(r: Row, dev, order, engine: str = "jaxpar"):
     return estimate(workload(r), s, dev, dev.memory)
 
 
+def evaluate_published_1f1b(r: Row, dev):
+    """The published mesh and microbatch count as jaxpar's pipeline.schedule=1f1b runs them (R = 1:
+    the interleaved rows lose their virtual stages; the stage re-run replaces full recompute)."""
+    from jaxpar.planner.cost import JAXPAR_ORDER, Strategy, estimate
+
+    s = Strategy(r.data, 1, r.tensor, r.pipe, r.microbatches, 1, "full", order=JAXPAR_ORDER, schedule="1f1b")
+    return estimate(workload(r), s, dev, dev.memory)
+
+
 def brief(e) -> dict | None:
     if e is None:
         return None
     s = e.strategy
-    return {"mesh": s.mesh, "microbatches": s.microbatches, "repeats": s.repeats, "remat": s.remat,
+    return {"mesh": s.mesh, "microbatches": s.microbatches, "repeats": s.repeats, "schedule": s.schedule,
+            "remat": s.remat,
             "replicated": list(s.replicated), "vocab_chunks": s.vocab_chunks, "mlp_chunks": s.mlp_chunks,
             "order": list(s.order), "engine": s.engine, "gather": s.gather, "mfu": e.mfu, "step_time_s": e.step_time_s, "compute_s": e.compute_s,
             "bubble": e.bubble, "comm_s": e.comm_s, "memory_gib": e.memory["total"] / 2**30,
@@ -157,6 +169,7 @@ def run_row(r: Row, dev) -> dict:
     jx = evaluate_published(r, dev, JAXPAR_ORDER)
     mg = evaluate_published(r, dev, MEGATRON_ORDER)
     eng = evaluate_published(r, dev, MEGATRON_ORDER, "megatron")  # + Megatron's pipeline engine (what-if)
+    one_f = evaluate_published_1f1b(r, dev) if r.pipe > 1 else None  # the published mesh, jaxpar's 1f1b
     # planning time: wall clock and this process's CPU time (the 2-core box is shared, so wall
     # time is inflated by the other jobs' load; CPU time is what planning costs)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -183,6 +196,7 @@ def run_row(r: Row, dev) -> dict:
         "published_fits_jaxpar_memory": mg.fits,
         "err_jaxpar_placement": jx.mfu / pub - 1, "err_megatron_placement": mg.mfu / pub - 1,
         "published_megatron_engine": brief(eng), "err_megatron_engine": eng.mfu / pub - 1,
+        "published_1f1b": brief(one_f), "err_1f1b": one_f.mfu / pub - 1 if one_f else None,
         "pick": brief(pick), "pick_error": no_fit, "plan_seconds": plan_s, "plan_cpu_seconds": plan_cpu_s,
         "plan_evaluated": res.evaluated,
         "pick_no_slower_than_published_jaxpar_placement": bool(pick) and pick.step_time_s <= jx.step_time_s,
@@ -319,9 +333,7 @@ def markdown_2022(rows: list[dict]) -> str:
             f"{100 * x['published_mfu_model_flops']:.1f}% | {100 * e['mfu']:.1f}% | {100 * x['err_megatron_engine']:+.0f}% "
             f"| {e['memory_gib']:.0f} GiB | {100 * j['mfu']:.1f}% ({j['remat']}) | {100 * x['err_jaxpar']:+.0f}% "
             f"| {j['memory_gib']:.0f} GiB "
-            + (f"| {_mesh(pk['mesh'])} {pk['remat']} M={pk['microbatches']}"
-               + (f" R={pk['repeats']}" if pk["mesh"]["pipe"] > 1 else "")
-               + (" gather=layer" if pk.get("gather") == "layer" else "") + f" | {100 * pk['mfu']:.1f}% "
+            + (f"| {_mesh(pk['mesh'])} {pk['remat']} M={pk['microbatches']}{_sched(pk)} | {100 * pk['mfu']:.1f}% "
                if pk else "| nothing fits 80 GiB | — ")
             + f"| {'yes' if x['pick_no_slower_than_published_jaxpar'] else 'no'} "
             + f"| {'yes' if x['pick_no_slower_than_published_megatron_engine'] else 'no'} "
@@ -329,12 +341,18 @@ def markdown_2022(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _sched(pk: dict) -> str:
+    """' 1f1b' / ' R=2' (a pipeline's schedule) and ' gather=layer' where they apply."""
+    out = ""
+    if pk["mesh"]["pipe"] > 1:
+        out = " 1f1b" if pk.get("schedule") == "1f1b" else f" R={pk['repeats']}"
+    return out + (" gather=layer" if pk.get("gather") == "layer" else "")
+
+
 def _pick(pk: dict | None) -> str:
     if not pk:
         return "nothing fits 80 GiB"
-    return (f"{_mesh(pk['mesh'])} {pk['remat']} M={pk['microbatches']}"
-            + (f" R={pk['repeats']}" if pk["mesh"]["pipe"] > 1 else "")
-            + (" gather=layer" if pk.get("gather") == "layer" else "") + f", {100 * pk['mfu']:.1f}%")
+    return f"{_mesh(pk['mesh'])} {pk['remat']} M={pk['microbatches']}{_sched(pk)}, {100 * pk['mfu']:.1f}%"
 
 
 def _mesh(m: dict) -> str:
@@ -348,17 +366,21 @@ def markdown(rows: list[dict], dev) -> str:
            f"efficiency {dev.efficiency}, HBM {dev.hbm_bandwidth / 1e12:.3f} TB/s, "
            f"{dev.inter_bandwidth / 1e9:.0f} GB/s per GPU between nodes.",
            "(a) = the published configuration (mesh d×1×t×p, M microbatches, R interleaved chunks, full recompute), "
-           "regardless of jaxpar's memory (its jaxpar memory per device in brackets: jaxpar's pipeline keeps every "
-           "microbatch's stage input, Megatron's 1F1B only p of them). before = the model before issue 15 (efficiency 0.55, no GPU "
+           "regardless of jaxpar's memory (its jaxpar memory per device in brackets: jaxpar's GPipe/circular scan keeps "
+           "every microbatch's stage input and the replica batch embedded twice, Megatron's 1F1B only p of them). before = the model before issue 15 (efficiency 0.55, no GPU "
            "elementwise term, jaxpar's placement); placement = the published placement alone; after = all changes. "
            "+ engine = after, costed with Megatron-LM's pipeline engine (1F1B memory, embedding/head on the end "
            "stages, scatter/gather p2p: cost.Strategy.engine, a what-if jaxpar cannot run). "
-           "(b) = the planner's pick (jaxpar's placement, must fit 80 GiB).",
+           "(a) 1f1b = the published mesh and M as jaxpar's pipeline.schedule=1f1b runs them (R = 1, so the "
+           "interleaved rows lose their virtual stages; 2S-1 stage inputs in flight, embedding/head per microbatch "
+           "on the end stages), with its memory. "
+           "(b) = the planner's pick (jaxpar's placement, must fit 80 GiB; gpipe, circular and 1f1b searched, "
+           "microbatches up to 1024), compared with (a) after.",
            "",
            "| row | published d×f×t×p | published MFU | (a) before | (a) placement | (a) after | err before "
-           "| err placement | err after | (a) + engine | err + engine | (b'') pick with Megatron's engine + placement | (b'') ≤ (a) + engine | (a) after, jaxpar placement | (b) pick | (b) MFU | (b) ≤ (a) after, "
+           "| err placement | err after | (a) + engine | err + engine | (b'') pick with Megatron's engine + placement | (b'') ≤ (a) + engine | (a) after, jaxpar placement | (a) 1f1b | (b) pick | (b) MFU | (b) ≤ (a) after, "
            "jaxpar placement | (b') pick in the published placement | (b') ≤ (a) after |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         mg, pk = x["published_megatron_placement"], x["pick"]
         out.append(
@@ -370,9 +392,9 @@ def markdown(rows: list[dict], dev) -> str:
             f"({x['published_megatron_engine']['memory_gib']:.0f} GiB) | {100 * x['err_megatron_engine']:+.0f}% "
             f"| {_pick(x['pick_megatron_engine'])} | {'yes' if x['pick_megatron_engine_no_slower'] else 'no'} "
             f"| {100 * x['published_jaxpar_placement']['mfu']:.1f}% "
-            + (f"| {_mesh(pk['mesh'])} {pk['remat']} M={pk['microbatches']}"
-               + (f" R={pk['repeats']}" if pk["mesh"]["pipe"] > 1 else "")
-               + (" gather=layer" if pk.get("gather") == "layer" else "") + f" | {100 * pk['mfu']:.1f}% "
+            + (f"| {100 * x['published_1f1b']['mfu']:.1f}% ({x['published_1f1b']['memory_gib']:.0f} GiB) "
+               if x.get("published_1f1b") else "| — ")
+            + (f"| {_mesh(pk['mesh'])} {pk['remat']} M={pk['microbatches']}{_sched(pk)} | {100 * pk['mfu']:.1f}% "
                if pk else "| nothing fits 80 GiB | — ")
             + f"| {'yes' if x['pick_no_slower_than_published_jaxpar_placement'] else 'no'} "
             + (f"| {_mesh(x['pick_published_placement']['mesh'])} {100 * x['pick_published_placement']['mfu']:.1f}% "
@@ -418,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
                 a, b = v["best_without_pipeline"], v["best_with_pipeline"]
                 print(f"{r.name} {k}: without pipeline "
                       + (f"{_mesh(a['mesh'])} {100 * a['mfu']:.1f}%" if a else "none fits")
-                      + ", with pipeline " + (f"{_mesh(b['mesh'])} M={b['microbatches']} R={b['repeats']} "
+                      + ", with pipeline " + (f"{_mesh(b['mesh'])} M={b['microbatches']}{_sched(b)} "
                                               f"{100 * b['mfu']:.1f}%" if b else "none fits"))
     big = max(rows, key=lambda x: x["gpus"])
     report = {

@@ -188,6 +188,15 @@ def test_fixed_keys_narrow_the_search(tmp_path, capsys):
     obj = json.loads(capsys.readouterr().out)
     assert obj["fixed"] == {"mesh.fsdp": "2", "pipeline.gather": "layer"}
     assert all(r["mesh"]["pipe"] > 1 and r["gather"] == "layer" for r in [obj] + obj["candidates"])
+    # pipeline.schedule=1f1b keeps pipeline meshes only, each costed as 1f1b (R = 1), and plan.json
+    # hands the schedule to jaxpar train
+    assert main(BASE + ["pipeline.schedule=1f1b", f"out={tmp_path}/f.json", "--json", "top=4"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["fixed"] == {"pipeline.schedule": "1f1b"} and len(obj["candidates"]) >= 1
+    assert all(r["mesh"]["pipe"] > 1 and r["schedule"] == "1f1b" and r["repeats"] == 1 for r in [obj] + obj["candidates"])
+    plan = load_plan(f"{tmp_path}/f.json")
+    assert plan.strategy.schedule == "1f1b"
+    assert plan_to_overrides(plan, 8)["pipeline.schedule"] == "1f1b"
     # gradient accumulation keeps pipeline-free meshes
     assert main(BASE + ["train.grad_accum=2", f"out={tmp_path}/r.json", "--json"]) == 0
     obj = json.loads(capsys.readouterr().out)
@@ -262,7 +271,15 @@ def test_fixed_config_over_memory_names_the_resource(tmp_path, capsys):
     (["mesh.pipe=8", "pipeline.repeats=4"],
      "error: mesh.pipe=8 × pipeline.repeats=4 = 32 virtual stages do not divide model.n_layer=12"),
     (["pipeline.schedule=gpipe", "pipeline.repeats=2"],
-     "error: pipeline.schedule=gpipe with pipeline.repeats=2: gpipe runs one repeat, circular more than one"),
+     "error: pipeline.schedule=gpipe with pipeline.repeats=2: gpipe and 1f1b run one repeat, circular more than one"),
+    (["pipeline.schedule=1f1b", "pipeline.repeats=2"],
+     "error: pipeline.schedule=1f1b with pipeline.repeats=2: gpipe and 1f1b run one repeat, circular more than one"),
+    (["pipeline.schedule=1f1b", "pipeline.gather=layer"],
+     "error: pipeline.schedule=1f1b with pipeline.gather=layer: 1f1b gathers a stage's fsdp-sharded weights once "
+     "per step (pipeline.gather=step)"),
+    (["mesh.pipe=1", "pipeline.schedule=1f1b"], "error: pipeline.schedule=1f1b needs a pipeline, but mesh.pipe=1"),
+    (["pipeline.schedule=1f1b", "model.dropout=0.1"],
+     "error: pipeline.schedule=1f1b does not support model.dropout=0.1 (use 0, or schedule=gpipe)"),
     (["mesh.data=2", "mesh.fsdp=2", "pipeline.microbatches=3"],
      "error: pipeline.microbatches=3 does not divide the 4 sequences per data replica "
      "(train.batch_size=16 / mesh.data×mesh.fsdp=4)"),
@@ -279,3 +296,15 @@ def test_fixed_keys_errors_one_line(argv, msg, capsys, tmp_path):
     assert main(BASE + argv + [f"out={tmp_path}/p.json"]) == 2
     assert capsys.readouterr().err == msg + "\n"
     assert not (tmp_path / "p.json").exists()
+
+
+def test_plan_auto_offers_1f1b_only_without_dropout(monkeypatch):
+    """jaxpar.layout refuses pipeline.schedule=1f1b with model.dropout > 0, so `plan=auto` must not
+    offer it there (the search space it hands to plan_for), and offers it otherwise."""
+    import jaxpar.planner.plan as plan_mod
+
+    seen = []
+    monkeypatch.setattr(plan_mod, "plan_for", lambda *a, space=None, **k: (seen.append(space), (None,))[1])
+    for dropout in ("0.0", "0.1"):
+        plan_auto(validate(apply_overrides(Config(), {"model": "gpt2-tiny", "model.dropout": dropout})), 8)
+    assert [s.one_f_one_b for s in seen] == [True, False]

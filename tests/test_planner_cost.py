@@ -317,3 +317,63 @@ def test_pipeline_park_buffer_only_with_repeats():
     sv = layer_activation_bytes(w, 2, 1, "none", 1)[0]
     assert g.memory["activations"] == pytest.approx((9 + 2 * 8) * unit + 2 * sv, rel=1e-12)
     assert c.memory["activations"] == pytest.approx((17 + 8 + 2 * 8) * unit + 1 * sv, rel=1e-12)
+
+
+def test_1f1b_memory_flat_in_m_beyond_the_ring():
+    """pipeline.schedule=1f1b (parallel/pipeline_1f1b.py) keeps min(M, 2S-1) stage inputs in a
+    ring plus the two transfers the scan carries, and one stage's residuals while it is re-run;
+    no embedded batch, no park buffer. Microbatches of a fixed b rows (batch = M·b): from
+    M = 2S-1 on its memory does not grow, GPipe's grows by 3 units per microbatch (its stage
+    input per iteration, the embedded input and the broadcast output)."""
+    m = ModelConfig(n_layer=4, n_embd=256, n_head=4, vocab_size=1024, n_positions=256)
+    S, b, T, D = 2, 2, 256, 256
+    unit = T * b * D * 4  # one (b, T, D) fp32 microbatch
+    sv = layer_activation_bytes(Workload(m, 2, T, "fp32"), b, 1, "none", 1)[0]
+
+    def est(M, sched):
+        return estimate(Workload(m, M * b, T, "fp32"), Strategy(pipe=S, microbatches=M, schedule=sched), H100)
+
+    for M in (1, 2, 3, 8, 32):
+        one, gp = est(M, "1f1b"), est(M, "gpipe")
+        assert one.memory["activations"] == pytest.approx((min(M, 3) + 2) * unit + 2 * sv, rel=1e-12)
+        assert gp.memory["activations"] == pytest.approx((M + S - 1 + 2 * M) * unit + 2 * sv, rel=1e-12)
+        # one microbatch's logits (fp32 log-probs + grad) on the last stage vs M/S of them for GPipe,
+        # and each tick's stacked fp32 stage weight grads (lmax = 2 layers) beside the accumulator
+        head = 2 * T * b * 1024 * 4
+        layer = 12 * D * D + 13 * D
+        assert one.memory["temporaries"] == pytest.approx(head + 4 * 2 * layer, rel=1e-12)
+        assert gp.memory["temporaries"] == pytest.approx(head * M / S, rel=1e-12)
+    assert est(8, "1f1b").memory["total"] == est(32, "1f1b").memory["total"]
+    assert est(32, "gpipe").memory["total"] - est(8, "gpipe").memory["total"] == pytest.approx(
+        24 * 3 * unit + 24 / 2 * 2 * T * b * 1024 * 4, rel=1e-12)
+
+
+def test_1f1b_schedule_closed_form():
+    """1f1b on data=2 × tensor=2 × pipe=4 (H100, bf16), M = 8, L = 8 (lmax = 2), by hand: M + 2S - 2
+    = 14 ticks, each shifting one (b, T, D) activation forward and one gradient back; GPipe's
+    critical path (M + S - 1)·(F + B), so the same bubble; the head runs on the last stage for every
+    microbatch (M heads there, GPipe spreads the batch's head over S ranks); per device M forwards
+    and M re-run + backwards of lmax layers, 6 tensor all-reduces each (the re-run cannot reuse the
+    forward's, a tick apart), plus 2 per head; no pipe gather/broadcast of the embedded batch."""
+    m = ModelConfig(n_layer=8, n_embd=1024, n_head=16, vocab_size=32768, n_positions=1024)
+    w = Workload(m, 32, 1024)
+    S, M, b, T, D, V = 4, 8, 2, 1024, 1024, 32768
+    unit = T * b * D * 2
+    one = estimate(w, Strategy(data=2, tensor=2, pipe=S, microbatches=M, schedule="1f1b"), H100)
+    gp = estimate(w, Strategy(data=2, tensor=2, pipe=S, microbatches=M), H100)
+    assert one.collectives["pipe ppermute"][1] == 2 * 14 * unit
+    assert gp.collectives["pipe ppermute"][1] == 2 * 11 * unit
+    assert "pipe all-gather" not in one.collectives and "pipe all-reduce" not in one.collectives
+    assert "pipe all-gather" in gp.collectives
+    assert one.bubble == gp.bubble == pytest.approx(3 / 11)
+    ar = all_reduce(2, unit, 0.0, 1.0)[1]  # ring over tensor = 2: one unit sent
+    assert one.collectives["tensor all-reduce"][1] == pytest.approx((M * 2 * 6 + 2 * M) * ar, rel=1e-12)
+    # compute: layers identical (4 forward-equivalents per layer run, 11 · lmax runs on the
+    # critical path); the head: all M microbatches on the last stage instead of M / S
+    fl_head = 3 * 2 * T * b * D * V / 2
+    rows, cols = T * b, D / 2
+    eff = H100.efficiency * rows / (rows + H100.knee_rows) * cols / (cols + H100.knee_cols)
+    assert one.compute_s - gp.compute_s == pytest.approx(M * fl_head * (1 - 1 / S) / (H100.peak_flops * eff), rel=1e-9)
+    with pytest.raises(ValueError, match="1f1b runs one repeat"):
+        Strategy(pipe=2, repeats=2, schedule="1f1b")
+    assert Strategy(pipe=2, repeats=2).schedule == "circular" and Strategy(pipe=2).schedule == "gpipe"

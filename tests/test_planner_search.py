@@ -144,6 +144,10 @@ def test_memory_floor_never_exceeds_an_estimate():
             mem = estimate(w, Strategy(d, f, t, p, M, r, remat, rep, 1, mc, gather=g), H100).memory["total"]
             assert floor <= mem and _memory_floor(w, (d, f, t, p), H100, rep, r, gather=g) <= mem
             assert _memory_floor(w, (d, f, t, p), H100, rep, r) <= mem  # the default floor bounds both
+            if p > 1 and r == 1 and g == "step":  # 1f1b: no embedded batch in its floor
+                one = estimate(w, Strategy(d, f, t, p, M, 1, remat, rep, 1, mc, schedule="1f1b"), H100)
+                assert floor <= one.memory["total"]
+                assert _memory_floor(w, (d, f, t, p), H100, rep, 1, gather="step", schedule="1f1b") <= one.memory["total"]
             if p > 1:  # the what-if engine's floor bounds its estimates too
                 mg = estimate(w, Strategy(d, f, t, p, M, r, remat, rep, 1, mc, engine="megatron"), H100)
                 assert _memory_floor(w, (d, f, t, p), H100, rep, r, "megatron") <= mg.memory["total"]
@@ -173,8 +177,9 @@ def test_lower_bound_never_exceeds_any_strategy_of_its_mesh(dev_name):
     for d, f, t, p in meshes(w, 16):
         lb = _lower_bound(w, (d, f, t, p), dev)
         reps = [1] + [r for r in REPEATS if p > 1 and w.model.n_layer % (p * r) == 0]
-        for r, M, remat in itertools.product(reps, divisors(w.batch_size // (d * f)), REMAT):
-            e = estimate(w, Strategy(d, f, t, p, M, r, remat), dev)
+        scheds = [(r, "gpipe") for r in reps] + ([(1, "1f1b")] if p > 1 else [])
+        for (r, sc), M, remat in itertools.product(scheds, divisors(w.batch_size // (d * f)), REMAT):
+            e = estimate(w, Strategy(d, f, t, p, M, r, remat, schedule=sc), dev)
             worst = max(worst, lb / e.step_time_s)
         pipelined += p > 1
     assert pipelined >= 10  # the space has pipelined meshes to bound

@@ -16,12 +16,14 @@ Exit 0 on success, 2 with one line `error: ...` on stderr for invalid input or w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 
 from gpt2common.grammar import parse_kv
 from jaxpar.config import Config, ConfigError, apply_overrides, validate
+from jaxpar.layout import one_f_one_b_problem
 from jaxpar.planner.cost import Workload
 from jaxpar.planner.devices import parse_bytes
 from jaxpar.planner.plan import fmt_bytes, plan_for, save_plan
@@ -76,6 +78,8 @@ def parse_args(argv: list[str]) -> dict:
             if section == "mesh" and v == -1:
                 continue  # -1: the search fills this axis
             fixed[name] = tuple(v) if isinstance(v, (list, tuple)) else v
+    if fixed.get("schedule") == "1f1b" and cfg.model.dropout > 0:
+        raise ConfigError(one_f_one_b_problem(cfg))  # the line jaxpar train gives
     space = opts.get("space", "full")
     if space not in ("full", "train"):
         raise ConfigError(f"space={space!r} must be full or train")
@@ -95,7 +99,9 @@ def parse_args(argv: list[str]) -> dict:
         "out": opts.get("out", "plan.json"),
         "sweep": sweep,
         "top": _int(opts.get("top", "5"), "top"),
-        "space": TRAIN_SUPPORTED if space == "train" else SearchSpace(),
+        # pipeline.schedule=1f1b has no dropout (jaxpar.layout refuses it): not searched with dropout
+        "space": dataclasses.replace(TRAIN_SUPPORTED if space == "train" else SearchSpace(),
+                                     one_f_one_b=cfg.model.dropout == 0),
         "attention": attention,
         "fixed": Fixed(**fixed),
     }
@@ -116,7 +122,8 @@ def print_table(rows: list[dict], title: str) -> None:
         tab.add_column(col, justify="right" if col not in ("mesh d×f×t×p", "params (embed/attn/mlp)") else "left")
     for i, r in enumerate(rows):
         osdp = "/".join("Z3" if r["osdp"][g] == "sharded" else "rep" for g in ("embed", "attn", "mlp"))
-        tab.add_row(str(i + 1), _mesh_str(r["mesh"]), osdp, str(r["microbatches"]), str(r["repeats"]), r["remat"],
+        tab.add_row(str(i + 1), _mesh_str(r["mesh"]), osdp, str(r["microbatches"]),
+                    "1f1b" if r.get("schedule") == "1f1b" else str(r["repeats"]), r["remat"],
                     f"{r['vocab_chunks']}/{r['mlp_chunks']}", fmt_bytes(r["memory_per_device_bytes"]),
                     f"{r['step_time_s']:.4g}", f"{100 * r['mfu']:.1f}%", f"{100 * r['bubble']:.1f}%")
     Console(width=160).print(tab)

@@ -21,7 +21,9 @@ their compute-dtype copy; cb is dropped in fp32]. Flash attention replaces the T
 fp32 log-sum-exp N·T·b/t·4. remat=selective drops the T² term (recomputed); remat=full keeps only
 the block input T·b·D·cb; mlp_chunks > 1 drops the 8/t MLP part (recomputed chunk by chunk).
 Pipelines (p > 1) rematerialise each pipeline iteration: saved = (R·M+S-1) stage inputs
-T·b·D·cb, plus one iteration's activations while it is recomputed.
+T·b·D·cb, plus one iteration's activations while it is recomputed. schedule=1f1b (R = 1) keeps
+min(M, 2S-1) stage inputs (+2 carried transfers), no embedded batch, one microbatch's logits on
+the last stage, and one more fp32 stage copy (each tick's stacked weight grads).
 
 Compute: FLOPs / (peak × eff), eff = efficiency × r/(r+knee_rows) × c/(c+knee_cols) with r = T·b
 rows and c = D/t the narrowest matmul dim (small matmuls run below peak; knees 256, 128 on
@@ -43,7 +45,9 @@ Communication, alpha-beta per collective over n devices with payload X bytes:
 bw is intra-node when the axis spans <= node_size devices (devices fill the mesh in the
 strategy's `order`: jaxpar's is pipe, data, fsdp, tensor, tensor innermost), else inter-node.
 Tensor and pipeline transfers sit on the critical path; DP/FSDP collectives are hidden behind compute by the device's `overlap` fraction.
-Pipeline bubble: (S-1)/(R·M+S-1).
+Pipeline bubble: (S-1)/(R·M+S-1). 1f1b: M + 2S - 2 ticks, idle halves skipped, so (M+S-1)·(F+B)
+on the critical path (GPipe's bubble) plus M heads on the last stage (head_rows_share = 1), and
+2·(M+2S-2) ppermutes of one microbatch.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ STATE_BYTES = 16  # fp32 master 4 + grad 4 + Adam m 4 + v 4
 MEGATRON_ORDER = ("pipe", "data", "fsdp", "tensor")
 JAXPAR_ORDER = MEGATRON_ORDER  # == jaxpar.mesh.PLACEMENT (tests/test_planner_cost.py)
 PIPE_INNERMOST_ORDER = ("data", "fsdp", "tensor", "pipe")
+ONE_F_CARRIED = 2  # (b, T, D) transfers the 1f1b scan carries besides its ring (see estimate)
 GATHER_LIVE = 3  # pipeline.gather=layer: fp32 copies of one layer's gathered weights live at once
 STACK_PASSES = 4  # zero-fill, copy, slice write, slice read of each stacked residual (see estimate)
 
@@ -116,6 +121,21 @@ class Strategy:
     # peak); "layer": each layer every iteration, forward, stage re-run and a reduce-scatter of
     # its grads in backward (3·N·lmax layer gathers/scatters instead of 2·R·lmax, one layer live)
     gather: str = "step"
+    # pipeline.schedule (pipe > 1): "gpipe" / "circular" are parallel/pipeline.py's scan (R = 1 /
+    # R > 1; normalised from `repeats`, so Strategy(repeats=2) is circular); "1f1b" is
+    # parallel/pipeline_1f1b.py (R = 1 only): each stage interleaves one microbatch's backward
+    # with later forwards, keeping at most 2S-1 stage inputs instead of every microbatch's.
+    schedule: str = "gpipe"
+
+    def __post_init__(self):
+        if self.schedule == "1f1b":
+            if self.repeats != 1 or self.gather != "step":
+                raise ValueError(f"schedule 1f1b runs one repeat and gathers a stage's weights once per step, "
+                                 f"got repeats={self.repeats}, gather={self.gather!r}")
+        elif self.schedule in ("gpipe", "circular"):
+            object.__setattr__(self, "schedule", "circular" if self.repeats > 1 else "gpipe")
+        else:
+            raise ValueError(f"unknown schedule {self.schedule!r}")
 
     @property
     def mesh(self) -> dict[str, int]:
@@ -268,6 +288,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     # pipeline.py always rematerialises whole stages and runs the layers inside without remat,
     # so an inner policy has no effect there.
     mg = S > 1 and s.engine == "megatron"  # what-if: Megatron-LM's pipeline engine (Strategy.engine)
+    one_f = S > 1 and s.schedule == "1f1b" and not mg  # parallel/pipeline_1f1b.py
     remat = "none" if S > 1 and not mg else s.remat
     alpha = dev.latency
     sharded = {g: (f > 1 and g not in s.replicated) for g in GROUPS}
@@ -301,16 +322,32 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         # N = (R-1)·max(M, S) + M + S - 1 iterations, each stage recomputed in backward.
         lps = _pipeline_split(L, S * R)
         lmax = max(lps)
-        iters = (R - 1) * max(M, S) + M + S - 1
+        if one_f:
+            # pipeline_1f1b.py: one scan of M + 2S - 2 ticks (a ppermute each way every tick);
+            # stage s forwards microbatch t - s and backwards t - (2S-2-s) (stage re-run + vjp),
+            # idle halves skipped with lax.cond. Ticks run in lock step, so the critical path is
+            # S-1 forward-only ticks, M forward+backward ticks (the last stage also runs head and
+            # loss), S-1 backward-only ticks: (M + S - 1)·(F + B), as GPipe; a device runs M of each.
+            iters, crit = M + 2 * S - 2, M + S - 1
+        else:
+            iters = crit = (R - 1) * max(M, S) + M + S - 1
         uniform = len(set(lps)) == 1
         layers_state = L / S if uniform else L  # non-uniform: stored `layers` dim replicated over pipe
-        layers_run = iters * lmax
+        layers_run = crit * lmax
+        layers_sent = M * lmax if one_f else layers_run  # layer runs per device (its tensor collectives)
         head_rows_share = 1.0 / S  # embedding and head run outside, batch split over pipe too
-        if mg:  # Megatron: the head runs on the last stage, which is then the slowest
+        if mg or one_f:  # the head runs on the last stage, per microbatch: that stage is the slowest
             head_rows_share = 1.0
         compute = (layers_run * fl_layer_train + M * fl_head_train * head_rows_share) * sec
-        bubble = 1.0 - R * M / iters
-        if mg:  # 1F1B: min(M, S) microbatches in flight on the first stage, each with its R·lmax layers
+        bubble = 1.0 - R * M / crit
+        if one_f:
+            # stage 0 holds microbatch j's input from tick j to its backward at tick j + 2S - 2: a
+            # ring of min(M, 2S-1) (b, T, D) slots (the same shape on every stage, SPMD); plus the
+            # two transfers the scan carries (activation forward, gradient back) and one stage's
+            # residuals while it is re-run. No embedded batch, no park buffer.
+            # (the ring and the transfers are in the compute dtype even where XLA:CPU upcasts the math)
+            acts = (min(M, 2 * S - 1) + ONE_F_CARRIED) * T * b * D * w.cb + lmax * saved
+        elif mg:  # 1F1B: min(M, S) microbatches in flight on the first stage, each with its R·lmax layers
             inflight = min(M, S) * (1 + (S - 1) / (S * R) if R > 1 else 1)
             acts = inflight * R * lmax * saved + (live if remat == "full" else 0.0)
         else:
@@ -321,6 +358,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     else:
         lps, layers_state, iters, bubble = (), L, M, 0.0
         layers_run, head_rows_share = M * L, 1.0
+        layers_sent = layers_run
         compute = M * (L * fl_layer_train + fl_head_train) * sec
         acts = L * saved + (live if remat == "full" else 0.0)
         passes = M  # train.py's accumulation scan: each microbatch gathers and reduces
@@ -336,7 +374,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     n_el = el["embed"] + layers_state * (el["attn"] + el["mlp"])
     # train.py's accumulation loop keeps a second fp32 grad tree; a pipeline accumulates inside its scan.
     mem = {"params": 4 * n_el, "grads": 4 * n_el * (2 if M > 1 and S == 1 else 1), "optimizer": 8 * n_el}
-    head = 2 * T * b * V * 4 / t / s.vocab_chunks * (M * head_rows_share if S > 1 and not mg else 1)
+    head = 2 * T * b * V * 4 / t / s.vocab_chunks * (M * head_rows_share if S > 1 and not (mg or one_f) else 1)
     # logits/log-probs/grad + one layer's activation grads (a pipeline's stage re-run is in `acts`)
     tmp = head + live * (1 if remat != "full" and S == 1 else 0)
     per_layer_gather = S > 1 and s.gather == "layer" and not mg
@@ -354,6 +392,13 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         tmp += (GATHER_LIVE * 4 + lmax * cb) * sum(full[g] for g in ("attn", "mlp") if sharded[g])
     if S > 1 and R > 1 and not mg:
         tmp += 4 * (L / S) * full_layer  # circular re-layout moves a copy of the stage's block params
+    if one_f and lmax > 1:
+        # 1f1b: each tick's vjp of the stage stacks the lmax layers' fp32 weight grads in a fresh
+        # (lmax, ...) buffer (the layer scan's backward), added to the scan-carried accumulator
+        # afterwards: one more stage copy (seen in the buffer assignment: a zero-broadcast +
+        # dynamic-update-slice f32[lmax, ...] beside the accumulator's add; XLA inlines a
+        # one-layer stage's scan, whose grads go straight into the accumulator)
+        tmp += 4 * lmax * full_layer
     if s.mlp_chunks > 1 and S == 1:
         # only one chunk of the MLP hidden activations is live at once; a pipeline's stage re-run
         # is in `acts`, whose `saved` already drops the MLP units, so there is nothing to take off
@@ -368,25 +413,28 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
 
     table: dict[str, list[float]] = {}
 
-    def add(kind: str, axis: str, res: tuple[float, float], times: float = 1.0) -> None:
+    def add(kind: str, axis: str, res: tuple[float, float], times: float = 1.0, sent: float | None = None) -> None:
+        """`times` on the critical path; `sent` (default `times`) run by the busiest device."""
+        sent = times if sent is None else sent
         comm[axis] += res[0] * times
-        cbytes[kind] += res[1] * times
+        cbytes[kind] += res[1] * sent
         if detail and res[1] > 0:
             cell = table.setdefault(f"{axis} {kind}", [0.0, 0.0])
             cell[0] += res[0] * times
-            cell[1] += res[1] * times
+            cell[1] += res[1] * sent
 
     bws = axis_bandwidths(dev, s)
     if t > 1:
         # Megatron: 2 fwd + 2 bwd all-reduces per layer; a re-forward adds one (measured in the HLO:
         # XLA reuses the other from the saved block input's path).
-        n_ar = 4 + extra_fwd
+        # 1f1b: the forward and the re-run sit in different ticks, so the re-run repeats both (6).
+        n_ar = 4 + extra_fwd * (2 if one_f else 1)
         # chunked_mlp sums the chunks' c_proj partial products in its scan carry, so XLA all-reduces
         # each chunk's (b, T, D) output over tensor (forward) and each chunk's input grad (backward):
         # 2·mlp_chunks MLP all-reduces per layer instead of 2 (seen in the HLO, row 19: trip count 16
         # = L·k in forward and backward).
         n_ar += 2 * (s.mlp_chunks - 1)
-        add("all-reduce", "tensor", all_reduce(t, unit, alpha, bws["tensor"]), layers_run * n_ar)
+        add("all-reduce", "tensor", all_reduce(t, unit, alpha, bws["tensor"]), layers_run * n_ar, layers_sent * n_ar)
         add("all-reduce", "tensor", all_reduce(t, unit * head_rows_share, alpha, bws["tensor"]), 2 * M)
     vc = s.vocab_chunks
     wte = V * D / t  # tied wte elements per tensor shard
@@ -401,7 +449,8 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     # reduce-scatters even on CPU (all seen in the HLO).
     # (jaxpar.parallel.fsdp.applies: not with remat=selective or mlp_chunks > 1, which stay auto)
     zero3_map = S == 1 and s.remat != "selective" and s.mlp_chunks == 1
-    auto = {g: not dev.reduce_scatter and not zero3_map and (S == 1 or g == "embed") for g in GROUPS}
+    # (1f1b runs the embedding and head inside its shard_map: explicit gathers there too)
+    auto = {g: not dev.reduce_scatter and not zero3_map and (S == 1 or (g == "embed" and not one_f)) for g in GROUPS}
     rep = {g: d * (S if g == "embed" else 1) for g in GROUPS}  # replicas beside fsdp
     if f > 1:
         for g in GROUPS:
@@ -453,16 +502,16 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
                 # reduce-scatter grads; per microbatch without a pipeline, once per step with one.
                 # Without a pipeline the vocab chunks' wte grads sum locally before the one
                 # reduce-scatter (jaxpar.parallel.fsdp); XLA's auto step scatters per chunk.
-                gathers = 1 if (g == "embed" and S == 1) or (g != "embed" and S > 1) else 2
+                gathers = 1 if (g == "embed" and (S == 1 or one_f)) or (g != "embed" and S > 1) else 2
                 add("all-gather", "fsdp", all_gather(f, 4 * n, alpha, bws["fsdp"]), gathers * passes)
-                n += wte * (vc - 1) if g == "embed" and not zero3_map else 0.0
+                n += wte * (vc - 1) if g == "embed" and not (zero3_map or one_f) else 0.0
                 add("reduce-scatter", "fsdp", all_gather(f, 4 * n, alpha, bws["fsdp"]), passes)
     # data-parallel gradient reduction: sharded groups over data, replicated ones over data·fsdp;
     # the embedding's rows are also split over pipe; the step sums the tied wte's lookup and head
     # grads (every chunk's too) before one reduction: per row shard (jaxpar.parallel.tied: data
     # parallelism, pipelines without fsdp) or per device (jaxpar.parallel.fsdp); only a pipeline
     # with fsdp reduces it once per use (seen in the HLO).
-    tied_once = zero3_map or f == 1
+    tied_once = zero3_map or f == 1 or one_f
     for g in GROUPS:
         if auto[g] and sharded[g]:
             continue  # reduced above
@@ -471,8 +520,8 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
             n += wte * (vc if not sharded[g] else vc - 1)
         n_red = (d if sharded[g] else d * f) * (S if g == "embed" else 1)
         # pipeline.gather=step psums the gathered (unsharded) stage grads over data, then
-        # reduce-scatters; gather=layer psums the 1/f shards
-        shard = f if sharded[g] and not (S > 1 and g != "embed" and not per_layer_gather) else 1
+        # reduce-scatters; gather=layer and 1f1b (reduce-scatter first) psum the 1/f shards
+        shard = f if sharded[g] and not (S > 1 and g != "embed" and not (per_layer_gather or one_f)) else 1
         bw = bws["data"] if d > 1 else bws["fsdp"] if not sharded[g] else bws["pipe"]
         add("all-reduce", "data", all_reduce(n_red, 4 * n / shard, alpha, bw), passes)
     if S > 1:
@@ -484,7 +533,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
             add("ppermute", "pipe", ppermute(unit, alpha, bw), 2 * iters)
         if R > 1 and not mg:  # circular re-layout: (R-1)/R of the stage's block params move, and their grads back
             add("ppermute", "pipe", ppermute(4 * (L / S) * full_layer * (R - 1) / R, alpha, bw), 2)
-        if not mg:
+        if not (mg or one_f):
             add("all-gather", "pipe", all_gather(S, M * unit, alpha, bw), 2)  # embedded inputs to every stage
             add("all-reduce", "pipe", all_reduce(S, M * unit, alpha, bw), 2)  # last stage's outputs back
 

@@ -29,7 +29,7 @@ def summary(e: Estimate) -> dict[str, Any]:
         "mesh": s.mesh,
         "microbatches": s.microbatches,
         "repeats": s.repeats,
-        "schedule": "circular" if s.repeats > 1 else "gpipe",
+        "schedule": s.schedule,
         "layers_per_stage": list(e.layers_per_stage),
         "remat": s.remat,
         "osdp": {g: ("sharded" if s.fsdp > 1 and g not in s.replicated else "replicated") for g in GROUPS},
@@ -56,7 +56,7 @@ def strategy_from_summary(d: dict[str, Any]) -> Strategy:
     rep = tuple(g for g in GROUPS if d.get("osdp", {}).get(g) == "replicated" and mesh["fsdp"] > 1)
     return Strategy(mesh["data"], mesh["fsdp"], mesh["tensor"], mesh["pipe"], d["microbatches"], d["repeats"],
                     d["remat"], rep, d.get("vocab_chunks", 1), d.get("mlp_chunks", 1),
-                    gather=d.get("gather", "step"))
+                    gather=d.get("gather", "step"), schedule=d.get("schedule", "gpipe"))
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def plan_to_overrides(plan: Plan, n_devices: int, cfg=None) -> dict[str, str]:
            "sharding.replicate": ",".join(replicated if fsdp > 1 else ())}
     if s.pipe > 1:
         out.update({"pipeline.microbatches": s.microbatches, "pipeline.repeats": s.repeats,
-                    "pipeline.schedule": "circular" if s.repeats > 1 else "gpipe", "train.grad_accum": 1,
+                    "pipeline.schedule": s.schedule, "train.grad_accum": 1,
                     "pipeline.gather": s.gather})
         if s.repeats == 1 and d.get("layers_per_stage"):
             out["pipeline.layers_per_stage"] = "[" + ",".join(str(x) for x in d["layers_per_stage"]) + "]"
@@ -225,5 +225,8 @@ def plan_for(w: Workload, n_devices: int, device: str = "h100", memory_limit: fl
 def plan_auto(cfg, n_devices: int, device: str = "cpu", memory_limit: float | None = None) -> Plan:
     """`jaxpar train plan=auto`: best plan for `cfg` (a Config) on n_devices, over the full search
     space (train runs every remat / op-splitting / OSDP option the planner searches)."""
+    from jaxpar.planner.search import SearchSpace
+
     w = Workload(cfg.model, cfg.train.batch_size, cfg.train.seq_len, cfg.precision)
-    return plan_for(w, n_devices, device, memory_limit)[0]
+    # pipeline.schedule=1f1b has no dropout (jaxpar.layout refuses it): not offered with dropout
+    return plan_for(w, n_devices, device, memory_limit, space=SearchSpace(one_f_one_b=cfg.model.dropout == 0))[0]

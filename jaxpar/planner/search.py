@@ -64,7 +64,10 @@ class SearchSpace:
     mlp_chunks: tuple[int, ...] = (1, 4)
     pipeline: bool = True
     repeats: bool = True  # circular schedule (R > 1)
-    max_microbatches: int = 64
+    one_f_one_b: bool = True  # pipeline.schedule=1f1b (R = 1, parallel/pipeline_1f1b.py)
+    # 1f1b's memory does not grow with M beyond its 2S-1 ring, and more microbatches shrink the
+    # bubble, so pipelines want M in the hundreds (Megatron's 1T run: 512); was 64 before 1f1b
+    max_microbatches: int = 1024
     # device placement the strategies are costed with (cost.Strategy.order); jaxpar.mesh builds
     # JAXPAR_ORDER only, so anything else is a what-if (benchmarks/published_configs.py)
     order: tuple[str, ...] = JAXPAR_ORDER
@@ -84,7 +87,7 @@ class Fixed:
     microbatches: int | None = None  # pipeline.microbatches (needs pipe > 1)
     grad_accum: int | None = None  # train.grad_accum (microbatches without a pipeline)
     repeats: int | None = None  # pipeline.repeats (needs pipe > 1)
-    schedule: str | None = None  # pipeline.schedule: gpipe (R = 1) | circular (R > 1)
+    schedule: str | None = None  # pipeline.schedule: gpipe (R = 1) | circular (R > 1) | 1f1b (R = 1)
     remat: str | None = None  # train.remat
     vocab_chunks: int | None = None  # train.vocab_chunks
     mlp_chunks: int | None = None  # train.mlp_chunks
@@ -97,7 +100,7 @@ class Fixed:
 
     @property
     def needs_pipeline(self) -> bool:
-        return (self.microbatches is not None or self.repeats is not None or self.schedule == "circular"
+        return (self.microbatches is not None or self.repeats is not None or self.schedule in ("circular", "1f1b")
                 or self.gather == "layer")
 
     def restrict(self, space: SearchSpace) -> SearchSpace:
@@ -186,21 +189,21 @@ def _lower_bound(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec) 
 
 def _memory_floor(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec,
                   replicated: tuple[str, ...] = (), repeats: int = 0, engine: str = "jaxpar",
-                  gather: str = "layer") -> float:
-    """Bytes every strategy of this mesh (with these replicated groups and circular repeats; by
-    default the most frugal: all groups sharded, no fsdp stage copies) needs at least: fp32
-    params, grads and Adam state with the layers split evenly over pipe; with a pipeline also the
-    embedded inputs and outputs of the replica's whole batch (2·T·b_rep·D·cb, whatever M is) and,
-    with fsdp and pipeline.gather=step, the three fp32 copies of the gathered stage (cost.estimate's
-    temporaries; gather=layer, the default floor, keeps one layer). Megatron's engine (a what-if)
-    keeps only microbatches in flight, so its floor has no batch term."""
+                  gather: str = "layer", schedule: str = "1f1b") -> float:
+    """Bytes every strategy of this mesh (with these replicated groups, circular repeats and
+    schedule; by default the most frugal: all groups sharded, no fsdp stage copies, 1f1b) needs at
+    least: fp32 params, grads and Adam state with the layers split evenly over pipe; with a GPipe or
+    circular pipeline also the embedded inputs and outputs of the replica's whole batch
+    (2·T·b_rep·D·cb, whatever M is) and, with fsdp and pipeline.gather=step, the three fp32 copies
+    of the gathered stage (cost.estimate's temporaries; gather=layer keeps one layer). 1f1b and
+    Megatron's engine (a what-if) keep only microbatches in flight: no batch term."""
     d, f, t, p = mesh
     sharded = {g: f > 1 and g not in replicated for g in GROUPS}
     el = group_elems(w.model, t, f, sharded)
     floor = STATE_BYTES * (el["embed"] + w.model.n_layer / p * (el["attn"] + el["mlp"]))
     if p > 1:
         cb = w.cb if dev.native_bf16 else 4
-        floor += 0.0 if engine == "megatron" else 2 * w.seq_len * (w.batch_size / (d * f)) * w.model.n_embd * cb
+        floor += 0.0 if engine == "megatron" or schedule == "1f1b" else 2 * w.seq_len * (w.batch_size / (d * f)) * w.model.n_embd * cb
         if repeats and f > 1:
             full = group_elems(w.model, t, 1, {g: False for g in GROUPS})
             per_layer = sum(full[g] for g in ("attn", "mlp") if sharded[g])
@@ -209,25 +212,38 @@ def _memory_floor(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec,
     return floor
 
 
+def _schedules(w: Workload, p: int, space: SearchSpace, fixed: Fixed = Fixed()) -> list[tuple[int, str]]:
+    """(repeats, pipeline.schedule) pairs to try on a mesh with `p` stages."""
+    if p == 1:
+        return [(1, "gpipe")]
+    out = [(1, "gpipe")]
+    if space.one_f_one_b and space.engine != "megatron":  # Megatron's engine (a what-if) is 1F1B already
+        out.append((1, "1f1b"))
+    if space.repeats:
+        # circular: equal chunks, so p·R must divide n_layer; beyond R=4 the bubble gain is small
+        # and every extra repeat adds a ppermute round per microbatch.
+        out += [(r, "circular") for r in REPEATS if w.model.n_layer % (p * r) == 0]
+    if fixed.repeats is not None:
+        ok = fixed.repeats == 1 or w.model.n_layer % (p * fixed.repeats) == 0
+        out = [(r, sc) for r, sc in out if r == fixed.repeats] if ok else []
+        if ok and fixed.repeats > 1 and not out:
+            out = [(fixed.repeats, "circular")]
+    if fixed.schedule is not None:
+        out = [(r, sc) for r, sc in out if sc == fixed.schedule]
+    return out
+
+
 def _options(w: Workload, mesh, space: SearchSpace, fixed: Fixed = Fixed()):
-    """Yield (osdp replicated groups, R, pipeline.gather, microbatch list, [(remat, vocab_chunks,
-    mlp_chunks)]). gather=layer is tried only where it changes something (pipe > 1, fsdp > 1) and
-    is not a dominance coordinate: its data-axis psum of 1/f shards can beat step's on few iterations."""
+    """Yield (osdp replicated groups, R, pipeline.schedule, pipeline.gather, microbatch list,
+    [(remat, vocab_chunks, mlp_chunks)]). gather=layer is tried only where it changes something
+    (pipe > 1, fsdp > 1, not 1f1b, which gathers a stage once per step) and is not a dominance
+    coordinate: its data-axis psum of 1/f shards can beat step's on few iterations."""
     d, f, _, p = mesh
     b_rep = w.batch_size // (d * f)
     ms = [k for k in divisors(b_rep) if k <= space.max_microbatches]
     m_fixed = fixed.microbatches if p > 1 else fixed.grad_accum
     if m_fixed is not None:
         ms = [m_fixed] if b_rep % m_fixed == 0 else []
-    reps = [1]
-    if p > 1 and space.repeats:
-        # circular: equal chunks, so p·R must divide n_layer; beyond R=4 the bubble gain is small
-        # and every extra repeat adds a ppermute round per microbatch.
-        reps += [r for r in REPEATS if w.model.n_layer % (p * r) == 0]
-    if fixed.repeats is not None:
-        reps = [fixed.repeats] if fixed.repeats == 1 or w.model.n_layer % (p * fixed.repeats) == 0 else []
-    if fixed.schedule is not None:
-        reps = [r for r in reps if (r > 1) == (fixed.schedule == "circular")]
     if fixed.replicate is not None:
         groups = [tuple(g for g in GROUPS if g in fixed.replicate)] if f > 1 else [()]
     elif f > 1 and space.osdp:
@@ -247,10 +263,10 @@ def _options(w: Workload, mesh, space: SearchSpace, fixed: Fixed = Fixed()):
         gathers = [fixed.gather]  # kept as the user spelt it (without fsdp both cost the same)
     elif p > 1 and f > 1 and space.engine != "megatron":
         gathers = list(space.gathers)
-    for rep, r, g in itertools.product(groups, reps, gathers):
-        if g == "layer" and fixed.gather is None and all(x in rep for x in ("attn", "mlp")):
-            continue  # no block group sharded over fsdp: nothing to gather, same as step
-        yield rep, r, g, ms, list(itertools.product(remats, vcs, mcs))
+    for rep, (r, sched), g in itertools.product(groups, _schedules(w, p, space, fixed), gathers):
+        if g == "layer" and (sched == "1f1b" or (fixed.gather is None and all(x in rep for x in ("attn", "mlp")))):
+            continue  # 1f1b gathers once per step; no block group sharded over fsdp: same as step
+        yield rep, r, sched, g, ms, list(itertools.product(remats, vcs, mcs))
 
 
 def _dominated(opt: tuple[int, int, int], fitted: list[tuple[int, int, int]]) -> bool:
@@ -283,12 +299,15 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
     for mesh in order:
         if _lower_bound(w, mesh, dev) > kth:
             break  # every later mesh has an even larger lower bound
-        if floor_pruning and _memory_floor(w, mesh, dev, engine=space.engine) > memory_limit:
+        one_f = any(sc == "1f1b" for _, sc in _schedules(w, mesh[3], space, fixed))
+        if floor_pruning and _memory_floor(w, mesh, dev, engine=space.engine,
+                                           schedule="1f1b" if one_f else "gpipe") > memory_limit:
             floored += 1
             continue  # nothing on this mesh can fit
         d, f, t, p = mesh
-        for rep, r, gather, ms, opts in _options(w, mesh, space, fixed):
-            if floor_pruning and p > 1 and _memory_floor(w, mesh, dev, rep, r, space.engine, gather) > memory_limit:
+        for rep, r, sched, gather, ms, opts in _options(w, mesh, space, fixed):
+            if floor_pruning and p > 1 and _memory_floor(w, mesh, dev, rep, r, space.engine, gather,
+                                                         sched) > memory_limit:
                 floored += 1
                 continue
             fitted_at: dict[int, list] = {}  # M -> options that fit at that M
@@ -301,7 +320,7 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
                         continue
                     ri, vc, mc = opt
                     s = Strategy(d, f, t, p, M, r, space.remat[ri], rep, vc, mc, space.order, space.engine,
-                                 gather)
+                                 gather, sched)
                     e = estimate(w, s, dev, memory_limit, detail=False)
                     evaluated += 1
                     if lightest is None or e.memory["total"] < lightest.memory["total"]:
@@ -355,8 +374,11 @@ def check_fixed(w: Workload, n_devices: int, fixed: Fixed) -> str | None:
         return (f"train.grad_accum={fixed.grad_accum} with a pipeline is not modelled: a pipeline accumulates "
                 f"over pipeline.microbatches (fix that instead)")
     if fixed.schedule is not None and fixed.repeats is not None and (fixed.repeats > 1) != (fixed.schedule == "circular"):
-        return (f"pipeline.schedule={fixed.schedule} with pipeline.repeats={fixed.repeats}: gpipe runs one repeat, "
-                f"circular more than one")
+        return (f"pipeline.schedule={fixed.schedule} with pipeline.repeats={fixed.repeats}: gpipe and 1f1b run one "
+                f"repeat, circular more than one")
+    if fixed.schedule == "1f1b" and fixed.gather == "layer":
+        return ("pipeline.schedule=1f1b with pipeline.gather=layer: 1f1b gathers a stage's fsdp-sharded weights "
+                "once per step (pipeline.gather=step)")
     if p is not None and fixed.repeats is not None and m.n_layer % (p * fixed.repeats):
         return (f"mesh.pipe={p} × pipeline.repeats={fixed.repeats} = {p * fixed.repeats} virtual stages do not "
                 f"divide model.n_layer={m.n_layer}")
