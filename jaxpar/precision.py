@@ -77,6 +77,11 @@ class Policy:
     param_dtype: jnp.dtype = jnp.float32  # master weights, grads, optimizer state
     accum_dtype: jnp.dtype = jnp.float32  # LN stats, softmax, logits, loss
 
+    @property
+    def mixed_dots(self) -> bool:
+        """Whether matmuls are compute-dtype x compute-dtype -> fp32 dots (bf16 on CPU)."""
+        return self.compute_dtype != jnp.float32 and _fp32_out_dots()
+
     def cast(self, x):
         """Cast a (fp32) parameter or activation to the compute dtype."""
         return x.astype(self.compute_dtype)

@@ -47,6 +47,7 @@ from jaxpar import ops
 from jaxpar.activations import gelu_tanh
 from jaxpar.config import ModelConfig, Remat
 from jaxpar.logical import constrain
+from jaxpar.mixed_attention import causal_attention
 from jaxpar.precision import Policy, get_policy
 
 Params = dict[str, Any]
@@ -162,6 +163,8 @@ class Attention(nnx.Module):
 
     def _core(self, q, k, v, key):  # (B, T, N, Hd) x3 -> (B, T, N, Hd)
         pol = self.policy
+        if pol.mixed_dots and (key is None or self.dropout == 0.0):  # CPU bf16: dots in YNNPACK
+            return causal_attention(q, k, v, pol.compute_dtype)
         T, hd = q.shape[1], q.shape[-1]
         # Scores and softmax in fp32: (B, N, T, T)
         s = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
