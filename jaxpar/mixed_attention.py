@@ -56,10 +56,10 @@ def _sum_over_t(p, x, dtype):
     """out[b, s, n, h] = sum_t p[b, n, t, s] x[b, t, n, h]: (B, N, T, S) x (B, T, N, H) -> (B, S, N, H) fp32.
 
     T even: t split into (T/2, 2) so the dot contracts two dims (see the module docstring);
-    T odd: an fp32 dot (what XLA would do anyway)."""
+    T odd: an fp32 dot of the same bf16-rounded operands (what XLA would make of a bf16 one)."""
     b, t, n, h = x.shape
     if t % 2:
-        return jnp.einsum("bnts,btnh->bsnh", p.astype(F32), x.astype(F32))
+        return jnp.einsum("bnts,btnh->bsnh", p.astype(dtype).astype(F32), x.astype(dtype).astype(F32))
     p5 = p.astype(dtype).reshape(b, n, t // 2, 2, p.shape[-1])
     x5 = x.astype(dtype).reshape(b, t // 2, 2, n, h)
     return jnp.einsum("bnuws,buwnh->bsnh", p5, x5, preferred_element_type=F32)

@@ -71,7 +71,9 @@ def expected(compute: str) -> collections.Counter:
     return collections.Counter({
         dot((B, T, D), (D, 3, N, HD), w): 1,  # c_attn
         dot((B, T, N, HD), (B, T, N, HD), f): 1,  # scores, fp32 out (preferred_element_type)
-        dot((B, T, N, HD), (B, N, T, T), c): 1,  # v·probs (probs cast back to compute dtype)
+        # v·probs (probs cast to the compute dtype); on CPU bf16 an fp32-out dot then one cast
+        # (jaxpar/mixed_attention.py: bf16 x bf16 -> bf16 is no YNNPACK kernel)
+        dot((B, T, N, HD), (B, N, T, T), w if c == "bfloat16" else c): 1,
         dot((B, T, N, HD), (N, HD, D), w): 1,  # attn c_proj
         dot((B, T, D), (D, F), w): 1,  # c_fc
         dot((B, T, F), (F, D), w): 1,  # mlp c_proj

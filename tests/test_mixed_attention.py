@@ -1,0 +1,112 @@
+"""bf16 on XLA:CPU: every matmul of the train step is a bf16 x bf16 -> fp32 YNNPACK dot.
+
+XLA:CPU upcasts a bf16 dot to fp32 (~5x slower here) unless YNNPACK takes it in canonical
+row-major form (jaxpar/mixed_attention.py has the rule). Pinned on the compiled HLO: the weight
+matmuls forward and backward (the tied head's dW included) and the attention core's six dots,
+plus the attention core's values at the policy's rounding points.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxpar.config import PRESETS
+from jaxpar.mixed_attention import causal_attention
+from jaxpar.models import gpt2
+from jaxpar.precision import get_policy
+from jaxpar.tolerances import NATIVE_BF16, U_BF16
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+HI = jax.lax.Precision.HIGHEST
+
+
+def _bf(x):
+    return jnp.asarray(x, F32).astype(BF16)
+
+
+def _reference(q, k, v, g):
+    """causal_attention's forward and vjp written with fp32 HIGHEST einsums and the same rounding
+    points (jaxpar/mixed_attention.py docstring): only fp32 summation order differs."""
+    q32, k32, v32, g32 = (a.astype(F32) for a in (q, k, v, g))
+    t, hd = q.shape[1], q.shape[-1]
+    s = jnp.einsum("btnh,bsnh->bnts", q32, k32, precision=HI) / math.sqrt(hd)
+    p = jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, jnp.finfo(F32).min), axis=-1)
+    p16 = p.astype(BF16).astype(F32)
+    o = jnp.einsum("bnts,bsnh->btnh", p16, v32, precision=HI)
+    dp = jnp.einsum("btnh,bsnh->bnts", g32, v32, precision=HI)
+    dv = jnp.einsum("bnts,btnh->bsnh", p16, g32, precision=HI)
+    ds = p * (dp - jnp.sum(dp * p, -1, keepdims=True)) / math.sqrt(hd)
+    ds16 = ds.astype(BF16).astype(F32)
+    dq = jnp.einsum("bnts,bsnh->btnh", ds16, k32, precision=HI)
+    dk = jnp.einsum("bnts,btnh->bsnh", ds16, q32, precision=HI)
+    return tuple(a.astype(BF16) for a in (o, dq, dk, dv))
+
+
+# (B, T, N, Hd): YNNPACK dots; odd T (fp32 dots for dV/dK); T = 1 (dots YNNPACK refuses: m or n == 1)
+SHAPES = [(2, 16, 2, 16), (1, 7, 3, 8), (2, 1, 2, 8)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_values_at_the_policy_rounding_points(shape):
+    rng = np.random.default_rng(sum(shape))
+    q, k, v, g = (_bf(rng.standard_normal(shape)) for _ in range(4))
+
+    @jax.jit
+    def f(q, k, v, g):  # also runs it: a dot YNNPACK rejects after XLA kept it bf16 fails here
+        o, vjp = jax.vjp(causal_attention, q, k, v)
+        return (o, *vjp(g))
+
+    got, ref = f(q, k, v, g), _reference(q, k, v, g)
+    for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref, strict=True):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert a.dtype == b.dtype and a.shape == b.shape == shape
+        if shape[1] == 1 and name in ("dq", "dk"):  # softmax over one key: scores get no gradient
+            assert np.all(a == 0) and np.all(b == 0), name
+            continue
+        assert np.abs(b).max() > 0.05, name  # a real contraction, not zeros
+        # bf16 of fp32 values that differ by summation order only: equal, or one bf16 ulp apart
+        # (2 U_BF16 relative) where the fp32 value sat on a rounding boundary
+        assert np.all(np.abs(a - b) <= 2 * U_BF16 * np.abs(b)), (name, float(np.abs(a - b).max()))
+        assert np.mean(a == b) >= 0.95, (name, float(np.mean(a == b)))
+
+
+def _dots(hlo: str):
+    """(computation kind, output dtype, operand dtypes) of every dot of compiled HLO text:
+    kind 'ynn' inside a __ynn_fusion computation, 'xla' anywhere else."""
+    ynn = set(re.findall(r"calls=%([\w.\-]+), [^\n]*\"kind\":\"__ynn_fusion\"", hlo))
+    shapes, comp, out = {}, None, []
+    for line in hlo.splitlines():
+        if line and not line.startswith(" "):
+            comp = line.split(" ")[0].lstrip("%") if not line.startswith("ENTRY") else "ENTRY"
+        m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (\w+)\[", line)
+        if m:
+            shapes[m.group(1)] = m.group(2)
+        d = re.match(r"\s*(?:ROOT )?%[\w.\-]+ = (\w+)\[[^=]* dot\(%([\w.\-]+), %([\w.\-]+)\)", line)
+        if d:
+            out.append(("ynn" if comp in ynn else "xla", d.group(1), shapes[d.group(2)], shapes[d.group(3)]))
+    return out
+
+
+@pytest.mark.skipif(not NATIVE_BF16, reason="pins XLA:CPU's YNNPACK bf16 kernel choice on an avx512_bf16/amx host")
+def test_every_dot_of_the_bf16_step_is_a_bf16_ynnpack_dot():
+    """Reference: gpt2-tiny at one layer, fwd+bwd at B=2, T=32: per layer 4 weight matmuls x 3 dots
+    and 6 attention dots, plus the tied head's 3 (logits, dx, dW); every one bf16 x bf16 -> fp32."""
+    mc = dataclasses.replace(PRESETS["gpt2-tiny"], n_layer=1)
+    params = jax.tree.map(jnp.asarray, gpt2.init_params(mc, 0))
+    tok = jnp.asarray(np.random.default_rng(0).integers(0, mc.vocab_size, (2, 33)), jnp.int32)
+
+    def loss(p):
+        return gpt2.GPT2(mc, p, policy=get_policy("bf16")).loss(tok[:, :-1], tok[:, 1:])
+
+    step = jax.jit(jax.value_and_grad(loss))
+    dots = _dots(step.lower(params).compile().as_text())
+    assert dots == [("ynn", "f32", "bf16", "bf16")] * (mc.n_layer * (4 * 3 + 6) + 3), sorted(set(dots))
+    loss_value, _ = step(params)  # and it runs (a bf16 dot outside YNNPACK fails at run time)
+    assert abs(float(loss_value) - math.log(mc.vocab_size)) < 0.5
