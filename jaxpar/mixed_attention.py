@@ -7,10 +7,13 @@ cpu_compiler.cc), `IsDotSupportedByYnn` (xla/backends/cpu/ynn_support.cc) accept
 canonical form*: lhs [batch..., m, k], rhs [batch..., k, n] in memory. Every other bf16 dot is
 upcast to an fp32 dot there (Eigen or YNNPACK fp32: ~5x slower here). DotDecomposer makes an
 operand canonical with a physical transpose (+ reshape when it merges dims) only when the dot
-is not canonical already; a dot that is canonical but column-major (contracting dim before the
-free dim, e.g. `bnts,btnh->bsnh` contracting t of the probs) stays column-major and is upcast,
-and a transpose written in jax is folded into the dot's dimension numbers (TransposeFolding /
-AlgebraicSimplifier), so it cannot help.
+is not canonical already: a 2-D weight gradient `nd,nf->df` (one contracting dim, first in
+both operands) counts as canonical, stays column-major and is upcast (measured ~100 vs ~300
+GFLOP/s for the same dot from (B, T, D) operands, `btd,btf->df`, whose two contracting dims
+DotDecomposer merges by transpose + reshape: why jaxpar's weight matmuls keep (B, T) apart).
+A transpose written in jax does not help: it is folded into the dot's dimension numbers
+(TransposeFolding / AlgebraicSimplifier) or, written before the upcaster runs, its result
+carries a column-major layout.
 
 jax's autodiff of the plain core (`gpt2.Attention._core`) gives four backward dots with fp32
 cotangents (fp32 x bf16 -> upcast) and a bf16-output probs.V dot (bf16 x bf16 -> bf16 is not in
@@ -19,12 +22,11 @@ the weight matmuls ran at ~100 (the same loaded host; benchmarks/README.md). Her
 bf16 x bf16 -> fp32 in a form XLA keeps canonical:
   scores, dP       'btnh,bsnh->bnts'  both operands transposed by DotDecomposer (batch b, n)
   o, dQ            'bnts,bsnh->btnh'  probs/dS already [b, n, t, s] = [batch, m, k]
-  dV, dK           sum over t of probs/dS x dO/Q: the t axis is split in two (t = 2u + w) so
-                   DotDecomposer merges (u, w) by transpose + reshape, which no pass folds
-                   away (a one-axis contraction here is canonical-but-column-major, or, with
-                   the operands swapped, gets swapped back by the simplifier: both upcast or,
-                   worse, leave a bf16 dot YNNPACK then rejects: "Unsupported element type for
-                   DotThunk::Execute: BF16 x BF16 = F32"). Odd T keeps fp32 dots for these two.
+  dV, dK           'bnts,btnh->bsnh' probs/dS first: XLA computes dVᵀ = dOᵀ·P with dO transposed
+                   by DotDecomposer. Written dO-first ('btnh,bnts->bsnh') the simplifier swaps the
+                   operands into a column-major bf16 dot that YNNPACK rejects after the upcaster
+                   kept it bf16: "Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32"
+                   at run time (tests/test_mixed_attention.py runs every form it pins).
 
 Numerics (the bf16 policy): q, k, v, probs and cotangents enter dots as bf16, every dot
 accumulates and returns fp32; scores, softmax and its backward are fp32 (from the saved fp32
@@ -55,14 +57,9 @@ def _scores_probs(q, k):
 def _sum_over_t(p, x, dtype):
     """out[b, s, n, h] = sum_t p[b, n, t, s] x[b, t, n, h]: (B, N, T, S) x (B, T, N, H) -> (B, S, N, H) fp32.
 
-    T even: t split into (T/2, 2) so the dot contracts two dims (see the module docstring);
-    T odd: an fp32 dot of the same bf16-rounded operands (what XLA would make of a bf16 one)."""
-    b, t, n, h = x.shape
-    if t % 2:
-        return jnp.einsum("bnts,btnh->bsnh", p.astype(dtype).astype(F32), x.astype(dtype).astype(F32))
-    p5 = p.astype(dtype).reshape(b, n, t // 2, 2, p.shape[-1])
-    x5 = x.astype(dtype).reshape(b, t // 2, 2, n, h)
-    return jnp.einsum("bnuws,buwnh->bsnh", p5, x5, preferred_element_type=F32)
+    Operand order matters (module docstring): written x-first, XLA swaps the operands back into
+    a column-major bf16 dot YNNPACK then rejects, and the step fails at run time."""
+    return jnp.einsum("bnts,btnh->bsnh", p.astype(dtype), x.astype(dtype), preferred_element_type=F32)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
