@@ -15,9 +15,9 @@ bf16 (default):
   benchmarks/README.md). `einsum` below keeps all three dots of a matmul's forward and
   backward in that fast form: the backward casts the incoming fp32 cotangent to bf16 (what
   torch.autocast does), and the weight gradient leaves the dot in fp32 (not rounded to bf16).
-  Only for weight matmuls (no batch dims): XLA:CPU lowers batched dots (attention's
-  scores and probs·V) to a generic kernel with no bf16 x bf16 -> fp32 case, which fails at run
-  time ("Unsupported element type for DotThunk::Execute"), so those keep bf16 outputs.
+  Attention's batched dots: jaxpar/mixed_attention.py (`Policy.mixed_dots`), in forms pinned by
+  tests: XLA:CPU runs a bf16 x bf16 -> fp32 dot only in YNNPACK, and a bf16 dot that YNNPACK
+  rejects late in compilation fails at run time ("Unsupported element type for DotThunk").
 fp32: every tensor and every matmul in fp32, for exact comparisons (parity, sharding tests).
 """
 

@@ -173,8 +173,7 @@ class Attention(nnx.Module):
         probs = jax.nn.softmax(s, axis=-1)
         if key is not None:
             probs = _dropout(probs, self.dropout, key)
-        # batched dots stay compute-dtype out: XLA:CPU's generic dot (batched dots land there)
-        # has no bf16 x bf16 -> fp32 kernel ("Unsupported element type for DotThunk")
+        # fp32, GPU (bf16-out dots) and dropout; CPU bf16 without dropout: causal_attention above
         return jnp.einsum("bnts,bsnh->btnh", probs.astype(pol.compute_dtype), v)
 
 
