@@ -32,7 +32,7 @@ WATCHED = ("dot_general", "reduce_sum", "reduce_max", "reduce_min", "argmax", "e
            "logistic", "log1p", "expm1")
 
 
-def eqns(mc, precision: str):
+def eqns(mc, precision: str, key=None):
     """Every equation of the forward loss jaxpr, nested jaxprs (scan body, pjit, custom_jvp) included."""
 
     def walk(jaxpr):
@@ -46,22 +46,23 @@ def eqns(mc, precision: str):
                         yield from walk(j)
 
     tok = jax.ShapeDtypeStruct((B, T), jnp.int32)
-    yield from walk(jax.make_jaxpr(lambda p, x, y: gpt2.GPT2(mc, p, policy=get_policy(precision)).loss(x, y))(
+    yield from walk(jax.make_jaxpr(lambda p, x, y: gpt2.GPT2(mc, p, policy=get_policy(precision)).loss(x, y, key))(
         gpt2.abstract_params(mc), tok, tok).jaxpr)
 
 
-def ops(precision: str) -> collections.Counter:
+def ops(precision: str, mc=MC, key=None) -> collections.Counter:
     """Counter of (primitive, input shapes, input dtypes, output dtype) over the forward loss jaxpr."""
     found: collections.Counter = collections.Counter()
-    for e in eqns(MC, precision):
+    for e in eqns(mc, precision, key):
         if e.primitive.name in WATCHED:
             ins = tuple((tuple(v.aval.shape), str(v.aval.dtype)) for v in e.invars)
             found[(e.primitive.name, ins, str(e.outvars[0].aval.dtype))] += 1
     return found
 
 
-def expected(compute: str) -> collections.Counter:
-    """The hand count. compute: dtype of activations and matmul operands ('bfloat16' | 'float32')."""
+def expected(compute: str, mixed_attention: bool = True) -> collections.Counter:
+    """The hand count. compute: dtype of activations and matmul operands ('bfloat16' | 'float32');
+    mixed_attention=False: the plain attention core (dropout), whose probs·v dot returns `compute`."""
     c, f = compute, "float32"
     # weight matmuls on CPU (where these tests run): bf16 x bf16 -> fp32 dots, bias added in fp32,
     # then one cast to bf16 (jaxpar/precision.py; XLA:CPU's fast bf16 form). On GPU they return bf16.
@@ -73,7 +74,7 @@ def expected(compute: str) -> collections.Counter:
         dot((B, T, N, HD), (B, T, N, HD), f): 1,  # scores, fp32 out (preferred_element_type)
         # v·probs (probs cast to the compute dtype); on CPU bf16 an fp32-out dot then one cast
         # (jaxpar/mixed_attention.py: bf16 x bf16 -> bf16 is no YNNPACK kernel)
-        dot((B, T, N, HD), (B, N, T, T), w if c == "bfloat16" else c): 1,
+        dot((B, T, N, HD), (B, N, T, T), w if c == "bfloat16" and mixed_attention else c): 1,
         dot((B, T, N, HD), (N, HD, D), w): 1,  # attn c_proj
         dot((B, T, D), (D, F), w): 1,  # c_fc
         dot((B, T, F), (F, D), w): 1,  # mlp c_proj
@@ -94,6 +95,16 @@ def expected(compute: str) -> collections.Counter:
 def test_bf16_policy_matmuls_bf16_statistics_softmax_logits_loss_fp32():
     """Reference: hand count of the model's ops (module docstring)."""
     assert ops("bf16") == expected("bfloat16")
+
+
+def test_bf16_with_dropout_plain_attention_core_keeps_fp32_scores_and_softmax():
+    """Reference: the hand count; attention dropout runs gpt2.Attention._core (mixed_attention has
+    no dropout), whose scores and softmax are fp32 and probs·v a compute-dtype dot. Dropout adds
+    no watched op (bernoulli draws are integer bit ops and a compare)."""
+    import dataclasses
+
+    assert ops("bf16", dataclasses.replace(MC, dropout=0.1), jax.random.key(0)) == expected(
+        "bfloat16", mixed_attention=False)
 
 
 def test_fp32_policy_has_no_bf16_op():
