@@ -294,3 +294,17 @@ if __name__ == "__main__":
         res = _grads_worker(names)
     with open(out_path, "w") as f:
         json.dump(res, f)
+
+
+@pytest.mark.parametrize("schedule,iterations", [("1f1b", 4 + 2 * 2 - 2), ("gpipe", 4 + 2 - 1)])
+def test_describe_counts_the_schedules_own_iterations(schedule, iterations):
+    """`pipeline.describe` (example 04's summary): 1f1b scans M + 2S - 2 ticks, GPipe M + S - 1
+    iterations; both leave the bubble (S-1)/(M+S-1)."""
+    from jaxpar.parallel.pipeline import describe
+
+    cfg = dataclasses.replace(_cfg(microbatches=4), pipeline=PipelineConfig(schedule=schedule, microbatches=4))
+    info = describe(cfg, build_layout(cfg, 2))
+    assert (info["schedule"], info["iterations"]) == (schedule, iterations)
+    assert abs(info["bubble_theory"] - 1 / 5) < 1e-15  # 1 - 4/5 in binary
+    if schedule == "1f1b":
+        assert info["iterations"] == len(schedule_table(2, 4))
