@@ -9,8 +9,8 @@ first-touched ~164k new 4 KiB pages: 0.34-0.42 s of kernel time in a 2.5 s CPU-t
 (loaded 2-core host; benchmarks/README.md, issue 12). That is the cost the profile showed as
 "zero fills of the scan's residual stacks": those are the first writes into the new block.
 
-With one arena (M_ARENA_MAX=1), no mmap (M_MMAP_MAX=0) and no trimming (M_TRIM_THRESHOLD at
-its maximum), large blocks come from the main heap and stay mapped after `free`, so the next
+With one arena (M_ARENA_MAX=1), no mmap (M_MMAP_MAX=0) and no trimming (M_TRIM_THRESHOLD=-1,
+mallopt(3)), large blocks come from the main heap and stay mapped after `free`, so the next
 step reuses pages that are already there: 0 page faults per step. Costs: the process keeps
 its peak heap (XLA needs that much again at the next step), and one arena serialises malloc
 across threads (XLA:CPU mallocs a handful of buffers per step). Memory mapped by other means
@@ -29,7 +29,6 @@ import platform
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
 M_ARENA_MAX = -8
-_INT_MAX = 2**31 - 1
 
 
 def keep_freed_memory() -> bool:
@@ -37,6 +36,7 @@ def keep_freed_memory() -> bool:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(None)  # the process's own C library
-    # mallopt returns 1 on success, 0 on error
-    ok = [libc.mallopt(M_ARENA_MAX, 1), libc.mallopt(M_MMAP_MAX, 0), libc.mallopt(M_TRIM_THRESHOLD, _INT_MAX)]
+    # mallopt returns 1 on success, 0 on error. Trim threshold -1: never (a finite one is at most
+    # 2**31-1, which XLA's temporaries exceed once a few steps' buffers are in the heap)
+    ok = [libc.mallopt(M_ARENA_MAX, 1), libc.mallopt(M_MMAP_MAX, 0), libc.mallopt(M_TRIM_THRESHOLD, -1)]
     return all(r == 1 for r in ok)
