@@ -162,6 +162,9 @@ def main(argv=None) -> dict:
     for s in configs:
         assert s in (*CONFIGS, "custom"), s
 
+    from jaxpar.host_memory import keep_freed_memory
+
+    kept = keep_freed_memory()  # as `jaxpar train` does before JAX starts (torch shares the setting)
     import jax
     import torch
 
@@ -173,7 +176,8 @@ def main(argv=None) -> dict:
         "env": {"jax": jax.__version__, "torch": torch.__version__, "threads": threads,
                 "cpu_count": os.cpu_count(), "cpu_flags": cpu_flags(), "jax_devices": str(jax.devices()),
                 "platform": platform.platform(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-                "loadavg_before": load_before, "torch_native_bf16": native_bf16},
+                "loadavg_before": load_before, "torch_native_bf16": native_bf16,
+                "host_memory_kept": kept},
         "configs": {},
     }
     for name in configs:

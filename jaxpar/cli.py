@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-from jaxpar import xla_flags
+from jaxpar import host_memory, xla_flags
 from jaxpar.config import ConfigError
 
 USAGE = """usage: jaxpar <command> [--config FILE.yaml] [key=value ...]
@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     xla_flags.apply_gpu_defaults()  # collective-overlap flags on GPU, before JAX starts
+    host_memory.keep_freed_memory()  # no per-step page faults on XLA:CPU's buffers, before JAX starts
     module, func = COMMANDS[cmd].split(":")
     try:
         return int(getattr(importlib.import_module(module), func)(rest) or 0)

@@ -28,6 +28,7 @@ def test_single_device_benchmark_micro(tmp_path):
     assert set(top) == {"env", "configs"} and set(top["configs"]) == {"custom"}
     env = top["env"]
     assert set(env) >= {"cpu_flags", "loadavg_before", "loadavg_after", "torch_native_bf16"}
+    assert env["host_memory_kept"] is (sys.platform == "linux")  # glibc malloc keeps XLA:CPU temporaries mapped
     assert len(env["loadavg_before"]) == 3 and all(f in open("/proc/cpuinfo").read() for f in env["cpu_flags"])
     rep = top["configs"]["custom"]
     assert set(rep) >= {"config", "results", "ratios", "skipped"}

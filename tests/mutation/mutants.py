@@ -449,6 +449,12 @@ MUTANTS: list[Mutant] = [
            "logits = jnp.where(logits <= kth, -jnp.inf, logits)",
            "top_k keeps k-1 tokens",
            (T + "test_claims_sample.py", SAMPLE)),
+    Mutant("host_memory_thread_arenas", "cli", "jaxpar/host_memory.py",
+           "ok = [libc.mallopt(M_ARENA_MAX, 1), ",
+           "ok = [",
+           "XLA's threads keep their own malloc arenas, which serve a block over 64 MiB with a fresh mmap: "
+           "every step page-faults its temporaries in again",
+           (T + "test_host_memory.py",)),
 ]
 
 
