@@ -82,25 +82,28 @@ def from_hf_state_dict(cfg: ModelConfig, sd: dict[str, np.ndarray]) -> Params:
     D, N, Hd = cfg.n_embd, cfg.n_head, cfg.head_dim
     sd = {k.removeprefix("transformer."): v for k, v in sd.items()}
 
-    def get(name, shape):
+    def get(name, shape, hf_shape=None):
+        """sd[name] checked against its HF shape (`hf_shape`, default `shape`), reshaped to ours.
+        The whole shape is compared: a size check would take a transposed (out, in) matrix."""
         if name not in sd:
             raise ConfigError(f"HF weights lack {name!r}")
         v = np.asarray(sd[name], dtype=np.float32)
-        if v.size != int(np.prod(shape)):
-            raise ConfigError(f"HF weight {name!r} has shape {tuple(v.shape)}, expected {shape}")
+        want = hf_shape or shape
+        if tuple(v.shape) != want:
+            raise ConfigError(f"HF weight {name!r} has shape {tuple(v.shape)}, expected {want}")
         return v.reshape(shape)
 
-    def stack(name, shape):
-        return np.stack([get(f"h.{i}.{name}", shape) for i in range(cfg.n_layer)])
+    def stack(name, shape, hf_shape=None):
+        return np.stack([get(f"h.{i}.{name}", shape, hf_shape) for i in range(cfg.n_layer)])
 
     return {
         "wte": {"weight": get("wte.weight", (cfg.vocab_size, D))},
         "wpe": {"weight": get("wpe.weight", (cfg.n_positions, D))},
         "h": {
             "ln_1": {"weight": stack("ln_1.weight", (D,)), "bias": stack("ln_1.bias", (D,))},
-            "attn": {"c_attn": {"weight": stack("attn.c_attn.weight", (D, 3, N, Hd)),
-                                "bias": stack("attn.c_attn.bias", (3, N, Hd))},
-                     "c_proj": {"weight": stack("attn.c_proj.weight", (N, Hd, D)),
+            "attn": {"c_attn": {"weight": stack("attn.c_attn.weight", (D, 3, N, Hd), (D, 3 * D)),
+                                "bias": stack("attn.c_attn.bias", (3, N, Hd), (3 * D,))},
+                     "c_proj": {"weight": stack("attn.c_proj.weight", (N, Hd, D), (D, D)),
                                 "bias": stack("attn.c_proj.bias", (D,))}},
             "ln_2": {"weight": stack("ln_2.weight", (D,)), "bias": stack("ln_2.bias", (D,))},
             "mlp": {"c_fc": {"weight": stack("mlp.c_fc.weight", (D, 4 * D)), "bias": stack("mlp.c_fc.bias", (4 * D,))},

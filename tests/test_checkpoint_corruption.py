@@ -107,6 +107,22 @@ def test_checksum_mismatch_is_caught(two_steps, capsys):
                     f"(_Corrupt: params fail their checksums); using step 1")
 
 
+def test_opt_state_checksum_mismatch_is_caught(two_steps, capsys):
+    """The optimizer state is checked too when it is restored (resume): its moments are what a
+    resumed run continues from."""
+    path = _files(two_steps, 2, "meta/metadata")[0]
+    meta = json.loads(open(path).read())
+    meta["checksums"]["opt_state"][0] ^= 1
+    with open(path, "w") as f:
+        json.dump(meta, f)
+    r = restore(str(two_steps), P_ABS, O_ABS)
+    assert r.step == 1 and int(r.opt_state["count"]) == 1
+    (line,) = _warnings(capsys.readouterr().err)
+    assert line == (f"warning: skipped unreadable checkpoint step 2 in {two_steps / 'ckpt'} "
+                    f"(_Corrupt: opt_state fail their checksums); using step 1")
+    assert restore(str(two_steps), P_ABS).step == 2  # params alone are intact: eval/sample use step 2
+
+
 def test_intact_latest_step_is_used_silently(two_steps, capsys):
     r = restore(str(two_steps), P_ABS, O_ABS)
     assert r.step == 2 and float(r.params["b"]["c"][0]) == 2.5 and int(r.opt_state["count"]) == 2

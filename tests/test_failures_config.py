@@ -70,6 +70,40 @@ def test_launch_refuses_an_impossible_mesh_before_starting_anything(monkeypatch)
         launch.main(["nprocs=2", "--", "train", "train.stepz=1"])
 
 
+# Stand-ins for the ranks `jaxpar launch` starts: each runs this script instead of `jaxpar.cli`,
+# acting by its JAXPAR_PROCESS_ID (rank r takes RANK_ACTS[r]).
+RANK_SCRIPT = """
+import os, signal, sys, time
+act = os.environ["RANK_ACTS"].split(",")[int(os.environ["JAXPAR_PROCESS_ID"])]
+if act == "kill9":
+    os.kill(os.getpid(), signal.SIGKILL)
+elif act == "hang":
+    time.sleep(60)
+sys.exit(int(act))
+"""
+REAL_POPEN = subprocess.Popen
+
+
+def _launch_fake_ranks(monkeypatch, acts: str, *opts) -> int:
+    def fake(args, env):
+        assert args[1:3] == ["-m", "jaxpar.cli"]
+        return REAL_POPEN([args[0], "-c", RANK_SCRIPT], env={**env, "RANK_ACTS": acts})
+
+    monkeypatch.setattr(subprocess, "Popen", fake)
+    return launch.main(["nprocs=2", *opts, "--", "sample"])
+
+
+def test_launch_names_the_dead_rank_not_the_one_that_lost_it(monkeypatch, capfd):
+    """Rank 0 is killed (SIGKILL), rank 1 then exits with LOST_PEER_EXIT: the launcher blames
+    rank 0 and exits with the shell's code for a SIGKILL, 128 + 9."""
+    assert launch.LOST_PEER_EXIT == 3
+    assert _launch_fake_ranks(monkeypatch, "kill9,3") == 137
+    assert capfd.readouterr().err == "error: process 0 exited with code 137\n"
+    # A rank still running is stopped (SIGTERM after the settle time) and named.
+    assert _launch_fake_ranks(monkeypatch, "5,hang", "grace=1") == 5
+    assert capfd.readouterr().err == "error: process 0 exited with code 5; stopping processes 1\n"
+
+
 # ----------------------------------------------------------------------------- run dir
 
 
@@ -140,6 +174,14 @@ def test_resume_reads_the_runs_config_and_applies_only_given_keys(tmp_path):
     with pytest.raises(ConfigError) as e:
         rundir.resolve_train({"out": str(out), "resume": "true", "data": "other.txt"}, None)
     assert str(e.value) == "resume=true cannot change data='other.txt' (run has ''): start a new run in another out"
+    # Another tokenizer is another token stream; another n_positions is another wpe shape.
+    with pytest.raises(ConfigError) as e:
+        rundir.resolve_train({"out": str(out), "resume": "true", "tokenizer": "bpe"}, None)
+    assert str(e.value) == "resume=true cannot change tokenizer='bpe' (run has 'byte'): start a new run in another out"
+    with pytest.raises(ConfigError) as e:
+        rundir.resolve_train({"out": str(out), "resume": "true", "model.n_positions": "300"}, None)
+    assert str(e.value) == ("resume=true cannot change model.n_positions=300 (run has 256): start a new run in "
+                            "another out")
     with pytest.raises(ConfigError) as e:
         rundir.resolve_train({"out": str(out), "resume": "true", "init": "x"}, None)
     assert str(e.value) == "init='x' cannot be combined with resume=true (the checkpoint holds the weights)"

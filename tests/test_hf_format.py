@@ -1,0 +1,56 @@
+"""The HF weight format (gpt2common/hf.py) on its own, no JAX, no torch: a save_pretrained dir
+written by `save_hf` reads back as the same model shape and the same arrays, and a weight
+whose shape is not HF's is refused by name even when its size matches.
+
+Independent reference: the numpy arrays written, compared bit for bit, and HF GPT2Config's
+field names written down here."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from gpt2common import hf
+from gpt2common.grammar import ConfigError
+from gpt2common.init import init_params
+from gpt2common.model import ModelConfig
+
+# Every shape field off its default, layer_norm_epsilon included (GPT2Config.layer_norm_epsilon).
+MC = ModelConfig(n_layer=2, n_embd=16, n_head=2, vocab_size=40, n_positions=12, layer_norm_epsilon=1e-6)
+
+
+def _flat(tree, prefix=""):
+    out = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: np.asarray(v)})
+    return out
+
+
+def test_save_then_load_is_the_same_model(tmp_path):
+    params = init_params(MC, seed=3)
+    hf.save_hf(str(tmp_path), MC, params)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert {k: written[k] for k in ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions",
+                                    "layer_norm_epsilon")} == {"n_layer": 2, "n_embd": 16, "n_head": 2,
+                                                               "vocab_size": 40, "n_positions": 12,
+                                                               "layer_norm_epsilon": 1e-6}
+    cfg, back = hf.load_hf(str(tmp_path))
+    assert cfg == MC
+    a, b = _flat(params), _flat(back)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].shape == b[k].shape and np.array_equal(a[k].astype(np.float32), b[k]), k
+
+
+def test_a_transposed_weight_is_refused_by_name(tmp_path):
+    """c_attn.weight is Conv1D's (in, out) = (16, 48); an (out, in) matrix has the same size."""
+    hf.save_hf(str(tmp_path), MC, init_params(MC, seed=3))
+    sd = load_file(str(tmp_path / hf.WEIGHTS))
+    sd["transformer.h.1.attn.c_attn.weight"] = np.ascontiguousarray(sd["transformer.h.1.attn.c_attn.weight"].T)
+    save_file(sd, str(tmp_path / hf.WEIGHTS))
+    with pytest.raises(ConfigError) as e:
+        hf.load_hf(str(tmp_path))
+    assert str(e.value) == "HF weight 'h.1.attn.c_attn.weight' has shape (48, 16), expected (16, 48)"
