@@ -114,6 +114,15 @@ class NonFinite(Exception):
     """A step's loss or gradient norm was not finite (its update was not applied)."""
 
 
+def nonfinite_message(n: int, loss: float, gnorm: float, out: str) -> str:
+    """The error line of a run stopped at non-finite step `n`, naming the newest checkpoint step
+    dir in `out` (the one `resume=true` would continue from)."""
+    last = rundir.checkpoint_steps(out)  # ascending
+    return (f"step {n}: non-finite loss or gradient norm (loss={loss}, grad_norm={gnorm}); the update was not "
+            f"applied and the run stopped (last checkpoint: {'step ' + str(last[-1]) if last else 'none'}); "
+            f"lower train.lr, or pass train.skip_nonfinite=true to skip such batches")
+
+
 def run_train(cfg: Config) -> int:
     cfg, layout, init_params = prepare_config(cfg)
     resume_step, restart = rundir.check_out_dir(cfg, _latest_step)  # writes nothing
@@ -223,11 +232,7 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
                        nonfinite=True)  # JSON has no NaN
             if not tc.skip_nonfinite:
                 logger.log(rec)
-                last = rundir.checkpoint_steps(cfg.out)
-                raise NonFinite(f"step {n}: non-finite loss or gradient norm (loss={loss}, grad_norm={gnorm}); the "
-                                f"update was not applied and the run stopped (last checkpoint: "
-                                f"{'step ' + str(last[-1]) if last else 'none'}); lower train.lr, or pass "
-                                f"train.skip_nonfinite=true to skip such batches")
+                raise NonFinite(nonfinite_message(n, loss, gnorm, cfg.out))
             skipped += 1
         if tc.skip_nonfinite:
             rec["nonfinite_skipped"] = skipped

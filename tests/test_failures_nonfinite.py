@@ -16,6 +16,8 @@ import orbax.checkpoint as ocp
 import pytest
 from cli_helpers import run
 
+from jaxpar.loop import nonfinite_message
+
 TINY = ["model=gpt2-tiny", "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "train.seq_len=16",
         "train.batch_size=2", "train.eval_every=0", "progress=plain"]
 BLOWUP = [*TINY, "train.steps=6", "train.lr=1e6", "train.warmup_steps=0"]
@@ -57,9 +59,13 @@ def test_nonfinite_step_stops_with_one_error_line_and_no_checkpoint(stopped):
 def test_failed_run_restarts_in_place_and_skips_nonfinite_steps(stopped):
     out, first = stopped
     first_recs = records(out)
-    r = run(["train", *BLOWUP, "train.skip_nonfinite=true", "train.ckpt_every=1", f"out={out}"])
+    # In two parts, so the count of skipped steps is carried across a resume (from checkpoint 4).
+    r = run(["train", *BLOWUP, "train.steps=4", "train.skip_nonfinite=true", "train.ckpt_every=1", f"out={out}"])
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"out={out} held a run that failed before its first checkpoint; starting it over" in r.stdout
+    r = run(["train", f"out={out}", "resume=true", "train.steps=6"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resumed from step 4" in r.stdout
     recs = records(out)
     assert [x["step"] for x in recs] == [1, 2, 3, 4, 5, 6]  # the failed run's lines are gone
     k = first_recs[-1]["step"]  # same seed, same batches: the same steps before the blow-up
@@ -68,9 +74,18 @@ def test_failed_run_restarts_in_place_and_skips_nonfinite_steps(stopped):
     for x in recs:
         count += bool(x.get("nonfinite"))
         assert x["nonfinite_skipped"] == count
-    assert count >= 1 and recs[k - 1].get("nonfinite")
+    assert count >= 1 and recs[k - 1].get("nonfinite") and k <= 4  # a skip before the resume
     for step in (5, 6):  # the two kept checkpoints hold finite values only
         assert all(np.isfinite(a).all() for a in ckpt_arrays(out, step))
+
+
+def test_the_error_line_names_the_newest_checkpoint(tmp_path):
+    for name in ("2", "10", "9", "11.orbax-checkpoint-tmp-5"):  # numeric order; a save cut short is no step
+        (tmp_path / "ckpt" / name).mkdir(parents=True)
+    assert nonfinite_message(12, 1.5e13, float("nan"), str(tmp_path)) == (
+        "step 12: non-finite loss or gradient norm (loss=15000000000000.0, grad_norm=nan); the update was not "
+        "applied and the run stopped (last checkpoint: step 10); lower train.lr, or pass "
+        "train.skip_nonfinite=true to skip such batches")
 
 
 @pytest.mark.slow  # two more runs; the pieces are covered in-process by test_failures_config.py

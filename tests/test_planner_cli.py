@@ -108,6 +108,9 @@ def test_plan_auto_overrides_apply_to_train_config(tmp_path):
     with pytest.raises(ConfigError) as e:
         plan_to_overrides(plan, 8, other)
     assert str(e.value) == "plan was made for train.seq_len=64 (config has 32)"
+    with pytest.raises(ConfigError) as e:  # bf16 halves the activations the plan's memory estimate counted
+        plan_to_overrides(plan, 8, apply_overrides(cfg, {"precision": "bf16"}))
+    assert str(e.value) == "plan was made for precision=fp32 (config has bf16)"
 
 
 def test_plan_with_selective_splitting_and_osdp_applies(tmp_path):
