@@ -38,7 +38,9 @@ def _sigterm_one_rank(tmp_path, rank: int):
         os.kill(kids[rank], signal.SIGTERM)
         stdout, stderr = p.communicate(timeout=120)
     finally:
-        if p.poll() is None:
+        if p.poll() is None:  # a hung job: its ranks first (train.steps=10^5), or they outlive the test
+            for c in children(p.pid):
+                os.kill(c, signal.SIGKILL)
             p.kill()
     return out, p.returncode, stdout, stderr
 
