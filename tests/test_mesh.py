@@ -80,6 +80,34 @@ def test_detect_cluster(env, expect):
     assert M.detect_cluster(env) == expect
 
 
+@pytest.mark.parametrize("env,expect", [
+    # jaxpar launch: the coordinator and ranks from JAXPAR_*; defaults 120 s to join, 30 s heartbeat
+    ({"JAXPAR_COORDINATOR": "127.0.0.1:5000", "JAXPAR_NUM_PROCESSES": "2", "JAXPAR_PROCESS_ID": "1",
+      "JAXPAR_HEARTBEAT_TIMEOUT": "7"},
+     {"coordinator_address": "127.0.0.1:5000", "num_processes": 2, "process_id": 1, "initialization_timeout": 120,
+      "heartbeat_timeout_seconds": 7}),
+    # mpiexec (mpich's Hydra): jax asks mpi4py for the ranks
+    ({"PMI_SIZE": "2", "PMI_RANK": "0", "JAXPAR_INIT_TIMEOUT": "9"},
+     {"cluster_detection_method": "mpi4py", "initialization_timeout": 9, "heartbeat_timeout_seconds": 30}),
+    # srun: jax's own SLURM detection, nothing passed but the timeouts
+    ({"SLURM_NTASKS": "4", "SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_PROCID": "3"},
+     {"initialization_timeout": 120, "heartbeat_timeout_seconds": 30}),
+])
+def test_initialize_distributed_passes_what_the_launcher_set(monkeypatch, env, expect):
+    import jax
+
+    for k in list(os.environ):
+        if k.startswith(("JAXPAR_", "SLURM_", "OMPI_", "PMI_")):
+            monkeypatch.delenv(k)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    got = {}
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: got.update(kw))
+    monkeypatch.setattr(M, "_use_cpu_collectives", lambda: None)
+    M.initialize_distributed()
+    assert got == expect
+
+
 def test_emulate_devices_per_process(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=8")
     assert M.emulate_devices_for(MeshConfig(data=2, tensor=2), {"PMI_SIZE": "2", "XLA_FLAGS": ""}) == 2
