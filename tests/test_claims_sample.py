@@ -71,3 +71,25 @@ def test_decode_against_hf_transformers():
     for pos in range(len(prompt), len(top3)):
         assert top3[pos] in np.argsort(-logits[pos - 1])[:3], pos
     assert top3.tolist() != greedy.tolist()  # τ=1.5 over 3 tokens does not reduce to greedy here
+
+
+def test_sample_on_an_fsdp_mesh_equals_one_device(tmp_path, capsys):
+    """`jaxpar sample ... mesh.fsdp=2` gives each fsdp shard a row of its own and decodes what one
+    device decodes (greedy, fp32). Reference: the one-device decode of the same checkpoint."""
+    from cli_helpers import run
+
+    from gpt2common import data, hf
+    from jaxpar import cli
+
+    mc = ModelConfig(n_layer=1, n_embd=16, n_head=2, vocab_size=256, n_positions=256)
+    hf.save_hf(str(tmp_path / "hf"), mc, gpt2.init_params(mc, 0))
+    ckpt = tmp_path / "run"
+    assert cli.main(["convert", f"hf={tmp_path / 'hf'}", f"out={ckpt}"]) == 0  # a checkpoint without training
+    data.prepare("a byte tokenizer for sample " * 20, str(ckpt / "data"), "byte")  # what train would leave there
+    args = ["sample", f"checkpoint={ckpt}", "prompt=ab", "max_new_tokens=6", "top_k=1"]
+    capsys.readouterr()
+    assert cli.main(args) == 0
+    one = capsys.readouterr().out
+    r = run([*args, "mesh.fsdp=2"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout == one and one.startswith("ab") and len(one.rstrip("\n")) > 2
