@@ -34,3 +34,22 @@ def test_foreign_dir_is_refused_unfinished_run_is_accepted(tmp_path):
     assert str(e.value) == (f"out={str(tmp_path)!r} is not empty and not a torchref run dir (holds ckpt); "
                             "choose another out")
     check_out(Path(tmp_path / "new" / "run"))  # missing dirs are fine
+
+
+def test_a_run_over_an_unfinished_runs_leftovers_starts_clean(tmp_path):
+    """`prepare` (everything before the ranks start) removes what a crashed attempt left: the
+    metrics are appended to by the new run's writer, so a stale line would become its step 1."""
+    from torchref.config import resolve_ref
+    from torchref.launch import prepare
+
+    out = tmp_path / "run"
+    (out / "procs").mkdir(parents=True)
+    (out / "procs" / "rank0.json").write_text("{}")
+    (out / "logs").mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 9.5}\n')
+    (out / "grads_step1.safetensors").write_bytes(b"")
+    (tmp_path / "text.txt").write_text("some text to train on. " * 100)
+    cfg, ref = resolve_ref(["model=gpt2-tiny", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
+                            "train.seq_len=16", f"data={tmp_path / 'text.txt'}", f"out={out}", "strategy=single"])
+    prepare(cfg, ref)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "data", "init", "job.json"]
