@@ -1,5 +1,6 @@
-"""Non-finite steps, a failed run started over in the same out (two `jaxpar train` runs sharing
-one run dir), and (slow) `resume=true` from the run's own config.json with a torn metrics line.
+"""Non-finite steps, a failed run started over in the same out (the failed run, then its restart
+in two parts around a `resume=true`, all in one run dir), the stop line's last checkpoint, and
+(slow) `resume=true` from the run's own config.json with a torn metrics line.
 
 lr=1e6 drives the tiny model's loss to ~1e13 and then its gradient norm to NaN within a few
 steps (issue 13, case 2). Independent reference: the arrays read back from the checkpoint
