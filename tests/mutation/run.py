@@ -147,6 +147,14 @@ def load_results() -> dict:
     return json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
 
 
+def save_results(results: dict) -> None:
+    """Temp file + rename: a run going on beside this one never reads a half-written results.json
+    (it did: json.loads('') in its load_results)."""
+    tmp = RESULTS.with_name(f".{RESULTS.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(results, indent=1, sort_keys=True))
+    os.replace(tmp, RESULTS)
+
+
 def write_report(results: dict) -> None:
     by_status: dict[str, int] = {}
     for m in MUTANTS:
@@ -231,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {r['status']} {r.get('caught_by', r.get('detail', ''))}", flush=True)
             results = load_results()  # another run may have written meanwhile
             results[m.name] = r
-            RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True))
+            save_results(results)
             write_report(results)
     write_report(load_results())
     bad = [m.name for m in sel if load_results().get(m.name, {}).get("status") != "CAUGHT"]
