@@ -461,8 +461,8 @@ MUTANTS: list[Mutant] = [
     # eval_vocab_off_by_one, convert_overwrites_out, eval_nonfinite_accepted, hf_import_drops_eps, launch_*,
     # mpiexec_ranks_not_from_mpi4py, heartbeat_default_not_30, sample_rows_ignore_fsdp, plan_precision_unchecked,
     # torchref_stale_metrics_kept; whole suite: hf_export_default_eps caught (test_property_parity's drawn eps),
-    # tied_same_dropout_per_group SURVIVED (1,673 s). Each now has the test that catches it as its first
-    # likely catcher.
+    # tied_same_dropout_per_group and sample_rows_ignore_fsdp SURVIVED it (1,673 s, 616 s). Each now has the
+    # test that catches it as its first likely catcher.
     Mutant("ckpt_oldest_step_first", "checkpoint", "jaxpar/checkpoint.py",
            "return sorted(self.mngr.all_steps(), reverse=True)",
            "return sorted(self.mngr.all_steps())",
