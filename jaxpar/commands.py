@@ -193,7 +193,9 @@ def convert(argv: list[str]) -> int:
         if os.path.isdir(kv["out"]) and os.listdir(kv["out"]):
             raise ConfigError(f"out={kv['out']!r} is not empty")
         mc, params = hf.load_hf(kv["hf"])
-        cfg = C.Config(model=mc, model_name=f"hf:{kv['hf']}", init=kv["hf"], out=kv["out"])
+        # a model with fewer positions than the default window gets a window it can run (sample, eval)
+        train = C.TrainConfig(seq_len=min(C.TrainConfig.seq_len, mc.n_positions))
+        cfg = C.Config(model=mc, model_name=f"hf:{kv['hf']}", init=kv["hf"], out=kv["out"], train=train)
         os.makedirs(kv["out"], exist_ok=True)
         with open(os.path.join(kv["out"], "config.json"), "w") as f:
             f.write(C.dumps(cfg))

@@ -58,16 +58,30 @@ def generate(cfg, params, prompt_ids: np.ndarray, max_new_tokens: int, temperatu
     return np.asarray(ids, np.int32)
 
 
+def find_tokenizer(run: str, cfg):
+    """The tokenizer of a run: its prepared data (`<run>/data`, else `data=`), else, for a run made
+    by `jaxpar convert hf=DIR`, the GPT-2 tokenizer files (vocab.json + merges.txt) of that DIR."""
+    for prepared in (os.path.join(run, "data"), cfg.data):
+        if prepared and data_lib.is_prepared(prepared):
+            return data_lib.load_tokenizer(prepared)
+    init = cfg.init or ""
+    if all(os.path.isfile(os.path.join(init, f)) for f in ("vocab.json", "merges.txt")):
+        tok = data_lib.load_gpt2_tokenizer_dir(init)
+        if tok.vocab_size > cfg.model.vocab_size:
+            raise ConfigError(f"checkpoint={run!r}: the tokenizer in {init} has {tok.vocab_size} tokens, more than "
+                              f"model.vocab_size={cfg.model.vocab_size}")
+        return tok
+    raise ConfigError(f"checkpoint={run!r}: cannot find the tokenizer (no prepared data in {run}/data, "
+                      f"and init={init!r} holds no vocab.json + merges.txt)")
+
+
 def run_sample(kv: dict, cfg) -> int:
     """kv: the sample options (checkpoint, prompt, ...); cfg: the run's config with the user's
     mesh / pipeline / precision overrides (validated, devices not yet set up)."""
     from jaxpar.mesh import setup_devices
 
     run = kv["checkpoint"]
-    prepared = os.path.join(run, "data") if data_lib.is_prepared(os.path.join(run, "data")) else cfg.data
-    if not prepared or not data_lib.is_prepared(prepared):
-        raise ConfigError(f"checkpoint={run!r}: cannot find the tokenizer (no prepared data in {run}/data)")
-    tok = data_lib.load_tokenizer(prepared)
+    tok = find_tokenizer(run, cfg)
     n = parse_value(int, kv.get("max_new_tokens", "100"), "max_new_tokens")
     temp = parse_value(float, kv.get("temperature", "0.8"), "temperature")
     top_k = parse_value(int, kv.get("top_k", "40"), "top_k")

@@ -93,3 +93,53 @@ def test_sample_on_an_fsdp_mesh_equals_one_device(tmp_path, capsys):
     r = run([*args, "mesh.fsdp=2"])
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout == one and one.startswith("ab") and len(one.rstrip("\n")) > 2
+
+
+def _converted_run(tmp_path, vocab: int, tokenizer_vocab: int | None):
+    """An HF dir (tiny model, and GPT-2 tokenizer files when tokenizer_vocab is set) converted into a run."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    from gpt2common import hf
+    from jaxpar import cli
+
+    mc = ModelConfig(n_layer=1, n_embd=16, n_head=2, vocab_size=vocab, n_positions=64)
+    hf.save_hf(str(tmp_path / "hf"), mc, gpt2.init_params(mc, 0))
+    if tokenizer_vocab:
+        tok = ByteLevelBPETokenizer()
+        tok.train_from_iterator(["to be or not to be, that is the question " * 50], vocab_size=tokenizer_vocab,
+                                min_frequency=2, show_progress=False)
+        tok.save_model(str(tmp_path / "hf"))  # vocab.json + merges.txt, as in an HF GPT-2 dir
+    assert cli.main(["convert", f"hf={tmp_path / 'hf'}", f"out={tmp_path / 'run'}"]) == 0
+    return tmp_path / "run"
+
+
+def test_sample_a_converted_run_with_the_hf_dirs_tokenizer(tmp_path, capsys):
+    """`jaxpar convert hf=DIR out=RUN` then `jaxpar sample checkpoint=RUN`: a converted run has no
+    prepared data, so sample encodes with DIR's vocab.json + merges.txt (it used to stop with
+    "cannot find the tokenizer"). The greedy decode starts with the prompt, token for token."""
+    from jaxpar import cli
+
+    run = _converted_run(tmp_path, 512, 300)
+    capsys.readouterr()
+    assert cli.main(["sample", f"checkpoint={run}", "prompt=to be or", "max_new_tokens=5", "top_k=1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("to be or") and len(out.rstrip("\n")) > len("to be or")
+
+
+@pytest.mark.parametrize("model_vocab,tokenizer_vocab,msg", [
+    (512, None, "cannot find the tokenizer (no prepared data in {run}/data, and init='{hf}' holds no vocab.json + "
+                "merges.txt)"),
+    (256, 300, "the tokenizer in {hf} has {n} tokens, more than model.vocab_size=256"),
+])
+def test_sample_a_converted_run_without_a_usable_tokenizer_is_one_line(tmp_path, capsys, model_vocab,
+                                                                         tokenizer_vocab, msg):
+    from gpt2common import data
+    from jaxpar import cli
+
+    run = _converted_run(tmp_path, model_vocab, tokenizer_vocab)
+    n = data.load_gpt2_tokenizer_dir(str(tmp_path / "hf")).vocab_size if tokenizer_vocab else 0
+    assert tokenizer_vocab is None or 256 < n <= 300  # 256 byte tokens + merges
+    capsys.readouterr()
+    assert cli.main(["sample", f"checkpoint={run}", "prompt=to be"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: checkpoint={str(run)!r}: " + msg.format(run=run, hf=tmp_path / "hf", n=n) + "\n"
