@@ -11,7 +11,14 @@ Fairness rules:
   * the contenders are interleaved: round r times one step of every contender in turn, so
     machine noise (other jobs on a shared box) hits all of them alike; we report the median
     and the spread (p10/p90 over rounds) per contender;
-  * the ratio is `torch_time / jaxpar_time` (> 1: jaxpar is faster).
+  * the ratio is `torch_time / jaxpar_time` (> 1: jaxpar is faster);
+  * host memory (`--host-memory`, default both): `jaxpar train` makes glibc keep freed memory
+    mapped before JAX starts (jaxpar/host_memory.py), a process-wide malloc setting that the
+    contenders of one process share. On the 2-core native-bf16 host it makes torch bf16 about 2x
+    slower (small: 0.051 -> 0.092 s/step eager) and torch eager fp32 faster (0.054 -> 0.044). So
+    `both` runs the whole interleaved benchmark twice, in a process with the setting and one
+    without, and takes jaxpar's figures from the first (what `jaxpar train` runs) and each torch
+    contender's from whichever process was faster for it (torch never calls mallopt itself).
 
 Configurations (`--configs`, comma list; each runs its own interleaved rounds):
   small  nanoGPT's CPU config: 4 layers, 4 heads, n_embd 128, vocab 256, seq 64, batch 12
@@ -81,6 +88,9 @@ def parse_args(argv=None):
                    help="auto: run torch bf16 only where the CPU has native bf16 matmul (oneDNN avx512_bf16/AMX); "
                         "without it torch's bf16 gemm is a scalar fallback (~1 GFLOP/s, minutes per step)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--host-memory", choices=("both", "keep", "default"), default="both",
+                   help="keep: glibc keeps freed memory (as `jaxpar train`); default: glibc's own; both: one process "
+                        "each, jaxpar from keep, each torch contender from its faster process")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                  "single_device.json"))
     return p.parse_args(argv)
@@ -162,9 +172,13 @@ def main(argv=None) -> dict:
     for s in configs:
         assert s in (*CONFIGS, "custom"), s
 
+    if args.host_memory == "both":
+        return run_both(argv, args, precisions, impls)
+
     from jaxpar.host_memory import keep_freed_memory
 
-    kept = keep_freed_memory()  # as `jaxpar train` does before JAX starts (torch shares the setting)
+    # as `jaxpar train` does before JAX starts (the torch contenders of this process share it)
+    kept = keep_freed_memory() if args.host_memory == "keep" else False
     import jax
     import torch
 
@@ -177,7 +191,7 @@ def main(argv=None) -> dict:
                 "cpu_count": os.cpu_count(), "cpu_flags": cpu_flags(), "jax_devices": str(jax.devices()),
                 "platform": platform.platform(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
                 "loadavg_before": load_before, "torch_native_bf16": native_bf16,
-                "host_memory_kept": kept},
+                "host_memory": args.host_memory, "host_memory_kept": kept},
         "configs": {},
     }
     for name in configs:
@@ -262,6 +276,19 @@ def run_config(args, dims, precisions, impls, native_bf16) -> dict:
                       "tokens_per_s": tokens / med, "gflops_per_s": fpt * tokens / med / 1e9,
                       "first_step_s": compile_s[n], "first_loss": first_loss[n],
                       "cpu_s": cpu[n], "cpu_median_s": statistics.median(cpu[n])}
+    return {
+        "config": {"n_layer": mc.n_layer, "n_embd": mc.n_embd, "n_head": mc.n_head, "vocab_size": mc.vocab_size,
+                   "seq_len": seq, "batch": batch, "tokens_per_step": tokens,
+                   "flops_per_token": fpt, "warmup": args.warmup, "rounds": args.rounds},
+        "skipped": skipped,
+        "results": results,
+        "ratios": ratios_of(results, precisions, impls),  # torch median / jaxpar median: > 1 means jaxpar is faster
+        "loadavg_end": os.getloadavg(),
+    }
+
+
+def ratios_of(results: dict, precisions, impls) -> dict:
+    """torch median / jaxpar median per precision and torch contender (> 1: jaxpar faster)."""
     ratios = {}
     for prec in precisions:
         j = results.get(f"jaxpar/{prec}")
@@ -270,15 +297,52 @@ def run_config(args, dims, precisions, impls, native_bf16) -> dict:
                 ratios[f"{prec}/vs_{impl}"] = results[f"{impl}/{prec}"]["median_s"] / j["median_s"]
     if "jaxpar/fp32" in results and "jaxpar/bf16" in results:  # AVX2 target: bf16 >= jaxpar's own fp32
         ratios["bf16/vs_jaxpar_fp32"] = results["jaxpar/fp32"]["median_s"] / results["jaxpar/bf16"]["median_s"]
-    return {
-        "config": {"n_layer": mc.n_layer, "n_embd": mc.n_embd, "n_head": mc.n_head, "vocab_size": mc.vocab_size,
-                   "seq_len": seq, "batch": batch, "tokens_per_step": tokens,
-                   "flops_per_token": fpt, "warmup": args.warmup, "rounds": args.rounds},
-        "skipped": skipped,
-        "results": results,
-        "ratios": ratios,  # torch median / jaxpar median: > 1 means jaxpar is faster
-        "loadavg_end": os.getloadavg(),
-    }
+    return ratios
+
+
+def merge_runs(keep: dict, default: dict, precisions, impls) -> dict:
+    """One report from the `--host-memory keep` and `default` runs: jaxpar's figures from keep
+    (what `jaxpar train` runs), each torch contender's from the run where its median was lower."""
+    out = {"env": {**keep["env"], "host_memory": "both", "default_run_env": default["env"]}, "configs": {}}
+    for name, k in keep["configs"].items():
+        d = default["configs"][name]["results"]
+        results = {}
+        for n, r in k["results"].items():
+            other = d.get(n)
+            use_default = not n.startswith("jaxpar/") and other is not None and other["median_s"] < r["median_s"]
+            results[n] = {**(other if use_default else r), "host_memory": "default" if use_default else "keep",
+                          "median_s_keep": r["median_s"], "median_s_default": other and other["median_s"]}
+        out["configs"][name] = {**k, "results": results, "ratios": ratios_of(results, precisions, impls),
+                                "loadavg_end_default_run": default["configs"][name]["loadavg_end"]}
+    return out
+
+
+def run_both(argv, args, precisions, impls) -> dict:
+    """`--host-memory both`: this script once per setting (keep first), then `merge_runs`."""
+    import subprocess
+    import tempfile
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("keep", "default"):
+            out = os.path.join(tmp, f"{mode}.json")
+            print(f"[host-memory={mode}] running the benchmark in its own process", file=sys.stderr, flush=True)
+            subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--host-memory", mode, "--out", out],
+                           check=True)
+            with open(out) as f:
+                runs[mode] = json.load(f)
+    report = merge_runs(runs["keep"], runs["default"], precisions, impls)
+    threads = report["env"]["threads"]
+    print("merged: jaxpar from host-memory=keep, each torch contender from its faster run (last column)")
+    for name, rep in report["configs"].items():
+        print_table(name, rep, precisions, impls, threads)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {args.out}")
+    return report
 
 
 def print_table(name, rep, precisions, impls, threads):
@@ -294,7 +358,7 @@ def print_table(name, rep, precisions, impls, threads):
             r = rep["results"][n]
             ratio = "" if impl == "jaxpar" else f"{rep['ratios'].get(f'{prec}/vs_{impl}', float('nan')):.2f}x"
             print(f"{n:<22}{r['median_s']:>10.3f}{r['p10_s']:>8.3f}{r['p90_s']:>8.3f}{r['tokens_per_s']:>9.0f}"
-                  f"{r['gflops_per_s']:>9.1f}{ratio:>10}")
+                  f"{r['gflops_per_s']:>9.1f}{ratio:>10}  {r.get('host_memory', '')}")
     print("jaxpar x = torch median / jaxpar median (> 1: jaxpar faster)", flush=True)
 
 

@@ -19,7 +19,8 @@ def test_single_device_benchmark_micro(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "single_device.py"), "--configs", "custom",
            "--n-layer", "1", "--n-embd", "32",
            "--n-head", "2", "--vocab", "64", "--seq", "16", "--batch", "2", "--impls", "jaxpar,torch_eager",
-           "--precisions", "fp32,bf16", "--torch-bf16", "full", "--warmup", "0", "--rounds", "2", "--out", str(out)]
+           "--precisions", "fp32,bf16", "--torch-bf16", "full", "--warmup", "0", "--rounds", "2", "--out", str(out),
+           "--host-memory", "keep"]  # one process; `both` (two of them) is test_merge_runs below
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -50,3 +51,23 @@ def test_single_device_benchmark_micro(tmp_path):
     assert abs(res["jaxpar/fp32"]["first_loss"] - res["torch_eager/fp32"]["first_loss"]) < 1e-4
     assert abs(res["jaxpar/bf16"]["first_loss"] - res["torch_eager/bf16"]["first_loss"]) < 5e-2
     assert abs(res["jaxpar/fp32"]["first_loss"] - math.log(64)) < 0.1
+
+
+def test_merge_runs_takes_jaxpar_from_keep_and_each_torch_contender_from_its_faster_run():
+    """`--host-memory both`: jaxpar's figure is the keep run's even where default was faster (it is
+    what `jaxpar train` runs); each torch contender gets its faster run; ratios are recomputed."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import single_device as sd
+
+    def run(medians, mode):
+        res = {n: {"median_s": m, "times_s": [m]} for n, m in medians.items()}
+        return {"env": {"host_memory": mode}, "configs": {"c": {"results": res, "ratios": {}, "loadavg_end": [0.0]}}}
+
+    keep = run({"jaxpar/fp32": 1.0, "torch_eager/fp32": 0.8, "jaxpar/bf16": 0.5, "torch_eager/bf16": 1.5}, "keep")
+    default = run({"jaxpar/fp32": 0.9, "torch_eager/fp32": 0.9, "jaxpar/bf16": 0.6, "torch_eager/bf16": 0.75},
+                  "default")
+    rep = sd.merge_runs(keep, default, ["fp32", "bf16"], ["jaxpar", "torch_eager"])["configs"]["c"]
+    got = {n: (r["median_s"], r["host_memory"]) for n, r in rep["results"].items()}
+    assert got == {"jaxpar/fp32": (1.0, "keep"), "torch_eager/fp32": (0.8, "keep"),
+                   "jaxpar/bf16": (0.5, "keep"), "torch_eager/bf16": (0.75, "default")}
+    assert rep["ratios"] == {"fp32/vs_torch_eager": 0.8, "bf16/vs_torch_eager": 1.5, "bf16/vs_jaxpar_fp32": 2.0}
