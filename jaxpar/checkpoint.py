@@ -25,6 +25,7 @@ import dataclasses
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -190,12 +191,14 @@ def _quarantine(run_dir: str, step: int) -> str:
 
 
 def restore(run_dir: str, abstract_params, abstract_opt_state=None, quarantine: bool = False,
-            key: str = "checkpoint") -> Restored:
+            key: str = "checkpoint", accept: Callable[[int], None] | None = None) -> Restored:
     """The newest readable step of `run_dir`, placed with the shardings in the abstract targets
     (trees of `jax.ShapeDtypeStruct(shape, dtype, sharding=...)`); opt_state only if its target
     is given. Unreadable steps are skipped with a warning (and, with `quarantine`, moved to
     `<run>/ckpt.corrupt/`). ConfigError when the run has no checkpoint, no readable step, or
-    its arrays do not fit the model. `key` names the CLI argument in messages."""
+    its arrays do not fit the model. `key` names the CLI argument in messages. `accept(step)` may
+    refuse the restored step with a ConfigError before anything is quarantined (a refused
+    command moves nothing)."""
     if not os.path.isdir(os.path.join(run_dir, CKPT_DIR)):
         raise ConfigError(f"{key}={run_dir!r} has no {CKPT_DIR}/ directory (not a jaxpar run dir)")
     try:
@@ -223,6 +226,8 @@ def restore(run_dir: str, abstract_params, abstract_opt_state=None, quarantine: 
             raise ConfigError(f"{key}={run_dir!r}: no readable checkpoint step (tried {tried})")
     finally:
         ck.close()
+    if accept is not None:
+        accept(r.step)
     for step, why in failed:  # never silently: one line per skipped step, naming it
         # quarantine only once a step was restored: a command that fails writes nothing
         moved = f"; moved it to {_quarantine(run_dir, step)}" if quarantine else ""

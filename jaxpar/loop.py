@@ -165,9 +165,12 @@ def _initial_state(cfg, trainer, init_params, resume_step) -> tuple[dict, int, i
         params = init_params if init_params is not None else gpt2.init_params(cfg.model, cfg.seed)
         return trainer.init_state(params), 0, 0
     target = trainer.abstract_state()
-    r = restore(cfg.out, target["params"], target["opt_state"], quarantine=True, key="out")
-    if r.step > cfg.train.steps:
-        raise ConfigError(f"train.steps={cfg.train.steps} is below the step of the checkpoint to resume ({r.step})")
+
+    def accept(step: int) -> None:  # checked before damaged steps are moved aside: a refusal moves nothing
+        if step > cfg.train.steps:
+            raise ConfigError(f"train.steps={cfg.train.steps} is below the step of the checkpoint to resume ({step})")
+
+    r = restore(cfg.out, target["params"], target["opt_state"], quarantine=True, key="out", accept=accept)
     state = {"step": jax.device_put(np.int32(r.step), trainer.state_shardings["step"]),
              "params": r.params, "opt_state": r.opt_state}
     return state, r.step, int(r.meta.get("nonfinite_skipped", 0))

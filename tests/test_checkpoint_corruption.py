@@ -209,6 +209,20 @@ def test_resume_skips_a_zero_filled_latest_step(trained, tmp_path):
     assert sorted(os.listdir(out / "ckpt")) == ["2", "3"]
 
 
+def test_resume_below_the_checkpoint_step_exits_2_and_moves_nothing(trained, tmp_path):
+    """resume=true with train.steps=1 while ckpt/3 is damaged and ckpt/2 intact: one error line,
+    exit 2, and ckpt/3 stays where it was (the refusal comes before the quarantine)."""
+    out = tmp_path / "run"
+    shutil.copytree(trained, out)
+    for f in _files(out, 3, "params/d/*"):
+        _damage(f, "zero")
+    args = [a for a in TINY if not a.startswith("train.steps=")]
+    r = run(["train", *args, "train.steps=1", f"out={out}", "resume=true"])
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[-1] == "error: train.steps=1 is below the step of the checkpoint to resume (2)"
+    assert sorted(os.listdir(out / "ckpt")) == ["2", "3"] and not os.path.exists(out / QUARANTINE_DIR)
+
+
 @pytest.mark.slow
 def test_eval_falls_back_then_errors_when_nothing_is_readable(trained, tmp_path):
     out = tmp_path / "run"
@@ -235,3 +249,20 @@ def test_eval_falls_back_then_errors_when_nothing_is_readable(trained, tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith(f"error: checkpoint={str(out)!r}: no readable checkpoint step (tried 3 (")
+
+
+def test_a_refused_step_quarantines_nothing(two_steps, capsys):
+    """`accept` (resume's train.steps check) refuses the restored step before the damaged newer
+    step is moved to ckpt.corrupt/: a command that exits 2 leaves the run dir as it was."""
+    for f in _files(two_steps, 2, "params/d/*"):
+        _damage(f, "truncate")
+
+    def accept(step):
+        raise ConfigError(f"train.steps=0 is below the step of the checkpoint to resume ({step})")
+
+    with pytest.raises(ConfigError) as e:
+        restore(str(two_steps), P_ABS, O_ABS, quarantine=True, key="out", accept=accept)
+    assert str(e.value) == "train.steps=0 is below the step of the checkpoint to resume (1)"
+    assert sorted(os.listdir(two_steps / "ckpt")) == ["1", "2"]
+    assert not os.path.exists(two_steps / QUARANTINE_DIR)
+    assert _warnings(capsys.readouterr().err) == []
