@@ -29,6 +29,20 @@ def clean_env(**extra) -> dict:
     return env
 
 
+def run_worker(script: str, tmp_path, kind: str, *names: str) -> dict:
+    """Run `script kind OUT.json names...` (a test file's worker mode) on 8 emulated CPU devices and
+    return the JSON it wrote: tests that need a device count of their own run in a subprocess."""
+    import json
+
+    path = tmp_path / f"{kind}.json"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, script, kind, str(path), *names], env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(path.read_text())
+
+
 def run(args: list[str], tool: str = "jaxpar", timeout: float = 600, **env) -> subprocess.CompletedProcess:
     mod = {"jaxpar": "jaxpar.cli", "torchref": "torchref.cli"}[tool]
     return subprocess.run([sys.executable, "-m", mod, *args], capture_output=True, text=True, timeout=timeout,

@@ -146,13 +146,9 @@ def _forward_worker() -> dict:
 
 
 def _run_worker(tmp_path, kind: str, *names: str) -> dict:
-    path = tmp_path / f"{kind}.json"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, __file__, kind, str(path), *names], env=env, capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(path.read_text())
+    from cli_helpers import run_worker
+
+    return run_worker(__file__, tmp_path, kind, *names)
 
 
 # ----------------------------------------------------------------------------- schedule / layout (no devices)
