@@ -202,10 +202,7 @@ def main(argv=None) -> dict:
         report["env"]["loadavg_after"] = os.getloadavg()
         report["env"]["process_cpu_s"] = time.process_time()  # whole process so far (>= every step's sum)
         if args.out:  # after every configuration, so a long run leaves what it finished
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out, "w") as f:
-                json.dump(report, f, indent=2)
-            print(f"wrote {args.out}")
+            write_report(report, args.out)
     return report
 
 
@@ -338,11 +335,15 @@ def run_both(argv, args, precisions, impls) -> dict:
     for name, rep in report["configs"].items():
         print_table(name, rep, precisions, impls, threads)
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {args.out}")
+        write_report(report, args.out)
     return report
+
+
+def write_report(report: dict, out: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"wrote {out}")
 
 
 def print_table(name, rep, precisions, impls, threads):

@@ -349,9 +349,11 @@ def make_pipeline_logits_fn(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
 
 def describe(cfg: Config, lay: ParallelLayout) -> dict[str, Any]:
     """Summary used by the CLI / example: stages, iterations, theoretical bubble."""
+    from jaxpar.parallel.pipeline_1f1b import n_ticks  # imports this module: not at the top
+
     pc, S = cfg.pipeline, lay.mesh.pipe
-    # 1f1b scans M + 2S - 2 ticks; its skipped fill/drain halves leave GPipe's bubble (pipeline_1f1b.py)
-    iters = pc.microbatches + 2 * S - 2 if pc.schedule == "1f1b" else n_iterations(S, pc.microbatches, pc.repeats)
+    # 1f1b's skipped fill/drain halves leave GPipe's bubble (pipeline_1f1b.py)
+    iters = n_ticks(S, pc.microbatches) if pc.schedule == "1f1b" else n_iterations(S, pc.microbatches, pc.repeats)
     return {"stages": S, "schedule": pc.schedule, "repeats": pc.repeats, "microbatches": pc.microbatches,
             "layers_per_stage": list(lay.stages.layers_per_stage), "iterations": iters,
             "bubble_theory": bubble_theory(S, pc.microbatches, pc.repeats)}
