@@ -169,6 +169,16 @@ def n_iterations(S: int, M: int, R: int = 1) -> int:
     return (R - 1) * max(M, S) + M + S - 1
 
 
+def n_ticks(S: int, M: int) -> int:
+    """Scan length of the 1F1B schedule (jaxpar.parallel.pipeline_1f1b): M + 2S - 2."""
+    return M + 2 * S - 2
+
+
+def ring_slots(S: int, M: int) -> int:
+    """Saved stage inputs per device: min(M, 2S - 1)."""
+    return min(M, 2 * S - 1)
+
+
 def bubble_fraction(S: int, M: int, R: int = 1) -> float:
     """Idle fraction of stage-iterations, (S-1)/(R·M+S-1) for M >= S."""
     return 1.0 - R * M / n_iterations(S, M, R)

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from jaxpar.config import PRESETS, Config, ConfigError, MeshConfig, PipelineConfig, ShardingConfig, TrainConfig
 from jaxpar.layout import bubble_fraction, build_layout
-from jaxpar.parallel.pipeline_1f1b import n_ticks, ring_slots, schedule_table
+from jaxpar.layout import n_ticks, ring_slots
+from jaxpar.parallel.pipeline_1f1b import schedule_table
 from jaxpar.tolerances import SHARDED_VS_SINGLE
 
 T, MB = 32, 2  # sequence length, rows per microbatch per data replica

@@ -79,7 +79,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.config import Config, ModelConfig
-from jaxpar.layout import ParallelLayout, StageLayout, bubble_fraction, n_iterations
+from jaxpar.layout import ParallelLayout, StageLayout, bubble_fraction, n_iterations, n_ticks
 from jaxpar.logical import activation_rules, spec_for
 from jaxpar.models import gpt2
 from jaxpar.precision import Policy, get_policy
@@ -349,7 +349,6 @@ def make_pipeline_logits_fn(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
 
 def describe(cfg: Config, lay: ParallelLayout) -> dict[str, Any]:
     """Summary used by the CLI / example: stages, iterations, theoretical bubble."""
-    from jaxpar.parallel.pipeline_1f1b import n_ticks  # imports this module: not at the top
 
     pc, S = cfg.pipeline, lay.mesh.pipe
     # 1f1b's skipped fill/drain halves leave GPipe's bubble (pipeline_1f1b.py)

@@ -59,7 +59,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.config import Config
-from jaxpar.layout import ParallelLayout
+from jaxpar.layout import ParallelLayout, n_ticks, ring_slots
 from jaxpar.logical import activation_rules, spec_for
 from jaxpar.models import gpt2
 from jaxpar.parallel.fsdp import _gather
@@ -70,16 +70,6 @@ OUTER = ("wte", "wpe", "ln_f")  # the non-block params: embedding on stage 0, ln
 
 
 # ----------------------------------------------------------------------------- schedule arithmetic (numpy)
-
-
-def n_ticks(S: int, M: int) -> int:
-    """Scan length of the 1F1B schedule: M + 2S - 2."""
-    return M + 2 * S - 2
-
-
-def ring_slots(S: int, M: int) -> int:
-    """Saved stage inputs per device: min(M, 2S - 1)."""
-    return min(M, 2 * S - 1)
 
 
 def schedule_table(S: int, M: int) -> np.ndarray:
