@@ -16,8 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxpar.config import PRESETS, Config, ConfigError, MeshConfig, PipelineConfig, ShardingConfig, TrainConfig
-from jaxpar.layout import bubble_fraction, build_layout
-from jaxpar.layout import n_ticks, ring_slots
+from jaxpar.layout import bubble_fraction, build_layout, n_ticks, ring_slots
 from jaxpar.parallel.pipeline_1f1b import schedule_table
 from jaxpar.tolerances import SHARDED_VS_SINGLE
 
