@@ -155,6 +155,19 @@ def test_sample_a_converted_run_with_the_hf_dirs_tokenizer(tmp_path, capsys):
     assert out.startswith("to be or") and len(out.rstrip("\n")) > len("to be or")
 
 
+@pytest.mark.parametrize("arg,msg", [("max_new_tokens=0", "max_new_tokens=0 must be positive"),
+                                     ("max_new_tokens=-3", "max_new_tokens=-3 must be positive"),
+                                     ("top_k=1.5", "top_k='1.5' is not an integer"),
+                                     ("temperature=nan", "temperature='nan' is not a finite number")])
+def test_sample_bad_options_are_one_line_before_any_output(tmp_path, capsys, arg, msg):
+    from jaxpar import cli
+
+    run = _converted_run(tmp_path, 512, 300)
+    capsys.readouterr()
+    assert cli.main(["sample", f"checkpoint={run}", "prompt=to be", arg]) == 2
+    assert capsys.readouterr() == ("", f"error: {msg}\n")
+
+
 @pytest.mark.parametrize("model_vocab,tokenizer_vocab,msg", [
     (512, None, "cannot find the tokenizer (no prepared data in {run}/data, and init='{hf}' holds no vocab.json + "
                 "merges.txt)"),
