@@ -163,7 +163,8 @@ def run(opts: dict) -> int:
     try:  # an unwritable or misplaced out= is bad input: one error line, not a traceback
         return _write_and_print(plan, res, sweep_points, opts, cfg, w)
     except OSError as e:
-        raise ConfigError(f"out={opts['out']!r} cannot be written ({e.strerror or e}: {e.filename!r})") from None
+        where = f": {e.filename!r}" if e.filename else ""
+        raise ConfigError(f"out={opts['out']!r} cannot be written ({e.strerror or e}{where})") from None
 
 
 def _write_and_print(plan, res, sweep_points, opts, cfg, w) -> int:
