@@ -18,6 +18,16 @@ class ConfigError(ValueError):
     """Invalid configuration or input. The CLIs print `error: <msg>` and exit 2."""
 
 
+# str.splitlines' line boundaries: a value echoed into an error message must not break its line
+_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def one_line(msg: str) -> str:
+    """`msg` with every line break escaped as Python writes it in a literal ('a\\nb'), so the
+    CLIs' `error: <msg>` stays one line whatever value (a path, a group name) it quotes."""
+    return "".join(repr(c)[1:-1] if c in _LINE_BREAKS else c for c in msg)
+
+
 def parse_value(tp: Any, raw: Any, key: str) -> Any:
     """Coerce `raw` (a CLI string or a YAML value) to the dataclass field type `tp`."""
     origin = typing.get_origin(tp)

@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 
+from gpt2common.grammar import one_line
 from jaxpar import host_memory, xla_flags
 from jaxpar.config import ConfigError
 
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 def _error_line(msg: str) -> None:
     """One write per line: under PYTHONUNBUFFERED, print() writes the text and its newline
     separately, and two processes sharing a stderr then join their lines."""
-    sys.stderr.write(f"error: {msg}\n")
+    sys.stderr.write(f"error: {one_line(msg)}\n")
     sys.stderr.flush()
 
 

@@ -59,15 +59,20 @@ def test_merge_runs_takes_jaxpar_from_keep_and_each_torch_contender_from_its_fas
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import single_device as sd
 
-    def run(medians, mode):
+    def run(medians, mode, load):
         res = {n: {"median_s": m, "times_s": [m]} for n, m in medians.items()}
-        return {"env": {"host_memory": mode}, "configs": {"c": {"results": res, "ratios": {}, "loadavg_end": [0.0]}}}
+        return {"env": {"host_memory": mode}, "configs": {"c": {"results": res, "ratios": {}, "loadavg_end": [load]}}}
 
-    keep = run({"jaxpar/fp32": 1.0, "torch_eager/fp32": 0.8, "jaxpar/bf16": 0.5, "torch_eager/bf16": 1.5}, "keep")
+    keep = run({"jaxpar/fp32": 1.0, "torch_eager/fp32": 0.8, "jaxpar/bf16": 0.5, "torch_eager/bf16": 1.5}, "keep", 1.0)
     default = run({"jaxpar/fp32": 0.9, "torch_eager/fp32": 0.9, "jaxpar/bf16": 0.6, "torch_eager/bf16": 0.75},
-                  "default")
+                  "default", 2.0)
     rep = sd.merge_runs(keep, default, ["fp32", "bf16"], ["jaxpar", "torch_eager"])["configs"]["c"]
     got = {n: (r["median_s"], r["host_memory"]) for n, r in rep["results"].items()}
     assert got == {"jaxpar/fp32": (1.0, "keep"), "torch_eager/fp32": (0.8, "keep"),
                    "jaxpar/bf16": (0.5, "keep"), "torch_eager/bf16": (0.75, "default")}
     assert rep["ratios"] == {"fp32/vs_torch_eager": 0.8, "bf16/vs_torch_eager": 1.5, "bf16/vs_jaxpar_fp32": 2.0}
+    # both medians stay in the row, each under its own run's name, whichever was taken
+    both = {n: (r["median_s_keep"], r["median_s_default"]) for n, r in rep["results"].items()}
+    assert both == {"jaxpar/fp32": (1.0, 0.9), "torch_eager/fp32": (0.8, 0.9),
+                    "jaxpar/bf16": (0.5, 0.6), "torch_eager/bf16": (1.5, 0.75)}
+    assert rep["loadavg_end"] == [1.0] and rep["loadavg_end_default_run"] == [2.0]

@@ -167,3 +167,13 @@ def test_progress_bar_shows_steps_and_last_loss(runs):
     assert f"{STEPS}/{STEPS}" in stdout
     assert f"loss {last['loss']:.4f}" in stdout and f"val {last['val_loss']:.4f}" in stdout
     assert "step      6/6 |" not in stdout  # the bar replaces the plain per-step lines
+
+
+def test_mfu_counts_the_palm_flops_against_the_given_peak(runs):
+    """README (Output): MFU counts 6N + 12·L·H·Q·T FLOPs per token against the device peak
+    (`device_peak_flops=1e12` here, one device). Reference, by hand for gpt2-tiny at T = 32:
+    N = 256·128 (wte) + 2·(12·128² + 13·128) + 2·128 (ln_f) = 428,800 (wpe not counted)."""
+    n = 256 * 128 + 2 * (12 * 128 * 128 + 13 * 128) + 2 * 128
+    flops_per_token = 6 * n + 12 * 2 * 4 * 32 * 32
+    for rec in records(runs["ref"][0]):
+        assert rec["mfu"] == pytest.approx(flops_per_token * rec["tokens_per_s"] / 1e12, rel=1e-12), rec

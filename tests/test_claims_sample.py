@@ -73,6 +73,37 @@ def test_decode_against_hf_transformers():
     assert top3.tolist() != greedy.tolist()  # τ=1.5 over 3 tokens does not reduce to greedy here
 
 
+def test_decode_past_n_positions_conditions_on_the_last_window():
+    """Reference: HF transformers, greedy, each step fed the last n_positions ids (nanoGPT's
+    `idx[:, -block_size:]`). 5 prompt + 12 new ids with n_positions = 8: from the 4th new id on,
+    the window slides past the prompt's start. Matrices scaled to std 0.5: at GPT-2's init std
+    (0.02) a tiny model greedily repeats its last token whatever the window holds."""
+    import torch
+    from claims_helpers import hf_model
+
+    mc = ModelConfig(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=8)
+    params = jax.tree.map(lambda a: a * 25 if a.ndim >= 2 else a, gpt2.init_params(mc, 1))
+    model = hf_model(mc, params)
+    ids = [3, 1, 4, 1, 5]
+    got = generate(Config(model=mc), params, np.array(ids, np.int32), 12, 0.8, 1, seed=0)
+    with torch.no_grad():
+        for _ in range(12):
+            ids.append(int(model(torch.tensor([ids[-8:]])).logits[0, -1].argmax()))
+    assert got.tolist() == ids
+    assert len(set(ids[8:])) >= 4  # the reference itself depends on its window
+
+
+def test_each_token_gets_a_fresh_key():
+    """wte = 0 makes every logit 0: each position is a uniform draw over the 64 ids. 40 draws
+    with fresh keys give ~30 distinct ids (fewer than 15 has probability < 1e-12); one key reused
+    at every position draws one id 40 times. Reference: the uniform distribution."""
+    mc = ModelConfig(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=64)
+    params = gpt2.init_params(mc, 0)
+    params = {**params, "wte": {"weight": jnp.zeros_like(params["wte"]["weight"])}}
+    out = generate(Config(model=mc), params, np.array([1], np.int32), 40, 1.0, 0, seed=0)
+    assert len(set(out[1:].tolist())) >= 15, out
+
+
 def test_sample_on_an_fsdp_mesh_equals_one_device(tmp_path, capsys):
     """`jaxpar sample ... mesh.fsdp=2` gives each fsdp shard a row of its own and decodes what one
     device decodes (greedy, fp32). Reference: the one-device decode of the same checkpoint."""
@@ -124,6 +155,19 @@ def test_sample_a_converted_run_with_the_hf_dirs_tokenizer(tmp_path, capsys):
     assert cli.main(["sample", f"checkpoint={run}", "prompt=to be or", "max_new_tokens=5", "top_k=1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("to be or") and len(out.rstrip("\n")) > len("to be or")
+
+
+@pytest.mark.parametrize("arg,msg", [("max_new_tokens=0", "max_new_tokens=0 must be positive"),
+                                     ("max_new_tokens=-3", "max_new_tokens=-3 must be positive"),
+                                     ("top_k=1.5", "top_k='1.5' is not an integer"),
+                                     ("temperature=nan", "temperature='nan' is not a finite number")])
+def test_sample_bad_options_are_one_line_before_any_output(tmp_path, capsys, arg, msg):
+    from jaxpar import cli
+
+    run = _converted_run(tmp_path, 512, 300)
+    capsys.readouterr()
+    assert cli.main(["sample", f"checkpoint={run}", "prompt=to be", arg]) == 2
+    assert capsys.readouterr() == ("", f"error: {msg}\n")
 
 
 @pytest.mark.parametrize("model_vocab,tokenizer_vocab,msg", [

@@ -47,3 +47,47 @@ def test_freed_buffers_stay_mapped_so_repeat_calls_do_not_page_fault():
     # with: the block freed by one call is reused by the next, already mapped (a few stray pages allowed;
     # measured: 0-3)
     assert faults_per_call("keep") < 100
+
+
+CLI_PROBE = """
+import ctypes, sys
+from jax._src import xla_bridge
+from jaxpar import cli, host_memory
+
+class MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2: ten size_t counters
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype, libc.malloc.restype = MallInfo2, ctypes.c_void_p
+applied = []  # (returned, JAX backends already up) per call
+keep = host_memory.keep_freed_memory
+host_memory.keep_freed_memory = lambda: applied.append((keep(), xla_bridge.backends_are_initialized())) or True
+if sys.argv[1] == "cli":
+    assert cli.main(["mesh"]) == 0
+else:
+    import jax
+    jax.devices()
+assert xla_bridge.backends_are_initialized()
+mapped = libc.mallinfo2().hblkhd  # bytes of blocks malloc serves with their own mmap
+block = libc.malloc(64 << 20)
+print(applied, libc.mallinfo2().hblkhd - mapped, file=sys.stderr)
+libc.free(ctypes.c_void_p(block))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc malloc settings")
+def test_the_cli_applies_the_settings_before_jax_starts():
+    """README (Host memory): `jaxpar <command>` makes malloc keep freed blocks mapped before JAX
+    starts. Seen from outside the module: after `jaxpar mesh` (in-process, as the entry point
+    runs it), a 64 MiB malloc comes from the heap (no mmap'd bytes added); without the CLI
+    (baseline), glibc mmaps it. The settings were applied once, before any JAX backend existed."""
+    def probe(mode: str) -> str:
+        r = subprocess.run([sys.executable, "-c", CLI_PROBE, mode], env=clean_env(), capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r.stderr.strip().splitlines()[-1]
+
+    applied, mapped = probe("plain").split("] ")
+    assert applied == "[" and (64 << 20) <= int(mapped) <= (64 << 20) + 65536  # the block + its header page
+    assert probe("cli") == "[(True, False)] 0"

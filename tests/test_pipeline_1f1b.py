@@ -16,8 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxpar.config import PRESETS, Config, ConfigError, MeshConfig, PipelineConfig, ShardingConfig, TrainConfig
-from jaxpar.layout import bubble_fraction, build_layout
-from jaxpar.layout import n_ticks, ring_slots
+from jaxpar.layout import bubble_fraction, build_layout, n_ticks, ring_slots
 from jaxpar.parallel.pipeline_1f1b import schedule_table
 from jaxpar.tolerances import SHARDED_VS_SINGLE
 
@@ -40,7 +39,8 @@ CASES = {
                                                       {"train": {"vocab_chunks": 2, "mlp_chunks": 2},
                                                        "replicate": ("embed", "attn")}),
 }
-FAST = ("data=2,fsdp=2,pipe=2/M=4",)
+# the default suite: every mesh axis but tensor in one case; non-uniform stages (masked pads) in the other
+FAST = ("data=2,fsdp=2,pipe=2/M=4", "pipe=2/M=4/nonuniform-3,1")
 MEM_MESH, MEM_M = {"data": 2, "fsdp": 2, "pipe": 2}, (4, 16)  # the memory test reuses FAST[0]'s M=4 compile
 
 
@@ -218,6 +218,12 @@ def test_1f1b_equals_gpipe_data_fsdp_pipe(fast):
     loop = [k for k, n in r["collectives"] if n != 1]
     assert loop == ["collective-permute"] and ["collective-permute", r["ticks"]] in r["collectives"], r
     assert {k for k, _ in r["collectives"]} == {"collective-permute", "all-gather", "reduce-scatter", "all-reduce"}
+
+
+def test_1f1b_equals_gpipe_on_non_uniform_stages(fast):
+    """layers_per_stage=3,1: stage 1 runs its one layer and two padded slots, which must be the
+    identity in the forward and in the hand-written backward (GPipe is the reference)."""
+    _check(fast[FAST[1]])
 
 
 def test_compiled_memory_flat_in_microbatches_where_gpipe_grows(fast):

@@ -311,3 +311,14 @@ def test_plan_auto_offers_1f1b_only_without_dropout(monkeypatch):
     for dropout in ("0.0", "0.1"):
         plan_auto(validate(apply_overrides(Config(), {"model": "gpt2-tiny", "model.dropout": dropout})), 8)
     assert [s.one_f_one_b for s in seen] == [True, False]
+
+
+def test_unwritable_out_is_one_error_line_and_writes_nothing(capsys, tmp_path):
+    """README: an unwritable or misplaced out= is bad input (one `error:` line, exit 2), not a
+    traceback. A regular file standing where out's folder should be: the plan cannot be written."""
+    blocker = tmp_path / "f"
+    blocker.write_text("x")
+    out = blocker / "sub" / "p.json"
+    assert main(BASE + [f"out={out}"]) == 2
+    assert capsys.readouterr() == ("", f"error: out={str(out)!r} cannot be written (Not a directory: {str(blocker / 'sub')!r})\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"] and blocker.read_text() == "x"

@@ -377,3 +377,24 @@ def test_1f1b_schedule_closed_form():
     with pytest.raises(ValueError, match="1f1b runs one repeat"):
         Strategy(pipe=2, repeats=2, schedule="1f1b")
     assert Strategy(pipe=2, repeats=2).schedule == "circular" and Strategy(pipe=2).schedule == "gpipe"
+
+
+def test_1f1b_one_layer_stages_and_bf16_ring_on_cpu():
+    """Two 1f1b terms the closed-form tests above (lmax = 2, fp32 / native bf16) leave open.
+    One-layer stages (L = S = 2): XLA inlines the stage's layer scan, so no stacked stage-grad
+    copy: the temporaries are one microbatch's logits (fp32 log-probs + grad) and nothing else.
+    bf16 on the CPU spec (native_bf16=False: the math upcasts to fp32): the ring slots are still
+    stored in bf16, so each extra slot (M = 1 -> 3, b rows fixed) costs T·b·D·2 bytes, not ·4."""
+    m = ModelConfig(n_layer=2, n_embd=256, n_head=4, vocab_size=1024, n_positions=256)
+    S, b, T, D = 2, 2, 256, 256
+
+    def est(M, precision, dev):
+        return estimate(Workload(m, M * b, T, precision), Strategy(pipe=S, microbatches=M, schedule="1f1b"), dev)
+
+    for M in (1, 4):
+        assert est(M, "fp32", H100).memory["temporaries"] == 2 * T * b * 1024 * 4
+    cpu = get_device("cpu")
+    assert not cpu.native_bf16
+    for precision, nbytes in (("bf16", 2), ("fp32", 4)):
+        grow = est(3, precision, cpu).memory["activations"] - est(1, precision, cpu).memory["activations"]
+        assert grow == 2 * T * b * D * nbytes, precision

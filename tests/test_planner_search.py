@@ -15,6 +15,22 @@ H100 = get_device("h100")
 POW2 = ModelConfig(n_layer=8, n_embd=512, n_head=8, vocab_size=4096, n_positions=512)
 
 
+def test_divisors_small_by_brute_force_and_large_by_factorisation():
+    """`jaxpar plan devices=` takes any count: divisors are exact for 1..600 (brute force) and for
+    counts whose O(n) scan would never end (10**12 = 2**12·5**12: 13·13 divisors); a mesh search
+    at devices = 2**40 and 10**12 keeps only meshes whose product is the count."""
+    for n in range(1, 601):
+        assert divisors(n) == [k for k in range(1, n + 1) if n % k == 0], n
+    assert divisors(10**12) == sorted(2**a * 5**b for a in range(13) for b in range(13))
+    assert divisors(999_999_999_989) == [1, 999_999_999_989]  # a prime
+    w = Workload(POW2, 2**10, 256)
+    for n in (2**40, 10**12):
+        ms = meshes(w, n)
+        assert all(d * f * t * p == n for d, f, t, p in ms)
+    assert meshes(w, 10**12) == []  # the batch-split axes cannot take 10**12 / (8 · 8) devices
+    assert meshes(w, 2**40) == []  # data·fsdp <= 1024 rows, tensor <= 8, pipe <= 8: at most 2**16
+
+
 def test_mesh_divisibility():
     w = Workload(PRESETS["gpt2-xl"], 512, 1024)
     ms = meshes(w, 64)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
+from gpt2common.grammar import one_line
+
 USAGE = """usage: torchref <command> [--config FILE.yaml] [key=value ...]
 
 commands:
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise ConfigError(f"unknown command {cmd!r} (choose from train, compare)")
     except (ConfigError, WorkerDied) as e:
-        sys.stderr.write(f"error: {e}\n")  # one write: lines of several processes never join
+        sys.stderr.write(f"error: {one_line(str(e))}\n")  # one write: lines of several processes never join
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")

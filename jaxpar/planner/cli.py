@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-from gpt2common.grammar import parse_kv
+from gpt2common.grammar import one_line, parse_kv
 from jaxpar.config import Config, ConfigError, apply_overrides, validate
 from jaxpar.layout import one_f_one_b_problem
 from jaxpar.planner.cost import Workload
@@ -160,6 +160,14 @@ def run(opts: dict) -> int:
             continue
         sweep_points.append({"devices": n, "mesh": p.mesh, "tokens_per_s": p.data["tokens_per_s"],
                              "mfu": p.data["mfu"], "step_time_s": p.data["step_time_s"]})
+    try:  # an unwritable or misplaced out= is bad input: one error line, not a traceback
+        return _write_and_print(plan, res, sweep_points, opts, cfg, w)
+    except OSError as e:
+        where = f": {e.filename!r}" if e.filename else ""
+        raise ConfigError(f"out={opts['out']!r} cannot be written ({e.strerror or e}{where})") from None
+
+
+def _write_and_print(plan, res, sweep_points, opts, cfg, w) -> int:
     if sweep_points:
         from jaxpar.planner.plot import plot_sweep
 
@@ -205,7 +213,7 @@ def main(argv: list[str]) -> int:
     try:
         return run(parse_args(argv))
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        sys.stderr.write(f"error: {one_line(str(e))}\n")  # one write, one line (as jaxpar.cli)
         return 2
 
 
