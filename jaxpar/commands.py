@@ -64,6 +64,10 @@ def prepare(argv: list[str]) -> int:
         raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))} (valid: input, out, tokenizer)")
     if "out" not in kv:
         raise ConfigError("prepare needs out=<dir>")
+    held = [f for f in ("meta.json", "train.bin", "val.bin") if os.path.exists(os.path.join(kv["out"], f))]
+    if held:  # a run may be reading it: replacing it silently would change that run's data
+        raise ConfigError(f"out={kv['out']!r} already holds prepared data ({', '.join(held)}); "
+                          "choose a new out= or delete it first")
     src = kv.get("input", "")
     text = data.builtin_text() if not src else data.read_input(src)
     meta = data.prepare(text, kv["out"], kv.get("tokenizer", "byte"), source=src or data.BUILTIN_CORPUS)

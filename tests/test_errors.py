@@ -92,3 +92,17 @@ def test_bad_yaml_config(tmp_path):
     assert err(run(["train", "--config", str(y)])).startswith("error: unknown key 'train.bogus'")
     assert err(run(["train", "--config", str(tmp_path / "missing.yaml")])) == \
         f"error: config file {str(tmp_path / 'missing.yaml')!r} does not exist"
+
+
+def test_prepare_refuses_a_prepared_dir(tmp_path):
+    """A second prepare into the same out= (a run may be training from it) is refused and rewrites nothing."""
+    d = tmp_path / "prep"
+    assert run(["prepare", "input=" + str(_text(tmp_path)), f"out={d}"]).returncode == 0
+    before = {f.name: f.read_bytes() for f in d.iterdir()}
+    other = tmp_path / "other.txt"
+    other.write_text("a different corpus entirely. " * 300)
+    r = run(["prepare", f"input={other}", f"out={d}"])
+    assert r.returncode == 2
+    assert err(r) == (f"error: out={str(d)!r} already holds prepared data (meta.json, train.bin, val.bin); "
+                      "choose a new out= or delete it first")
+    assert {f.name: f.read_bytes() for f in d.iterdir()} == before
