@@ -19,6 +19,13 @@ bf16 (default):
   tests: XLA:CPU runs a bf16 x bf16 -> fp32 dot only in YNNPACK, and a bf16 dot that YNNPACK
   rejects late in compilation fails at run time ("Unsupported element type for DotThunk").
 fp32: every tensor and every matmul in fp32, for exact comparisons (parity, sharding tests).
+  On CPU the weight matmuls go through `mixed_einsum` too (fp32 x fp32 -> fp32) and the attention
+  core through jaxpar/mixed_attention.py, for the dot forms, not the dtypes: jax's own transpose of
+  `btd,df->btf` w.r.t. the weight is a 2-D dot contracting dim 0 of both (B*T, D) and (B*T, F)
+  operands, which XLA:CPU runs in Eigen (68-108 GFLOP/s, CPU time, loaded 2-core host) after a
+  transposed copy of the other operand; written `btd,btf->df` it becomes a canonical YNNPACK dot
+  (~140 GFLOP/s, as every other weight dot). Values: the same products, summed in another order
+  (loss within 1e-7 relative; tests/test_fp32_dots.py).
 """
 
 from __future__ import annotations
@@ -44,7 +51,9 @@ def _transpose_specs(spec: str) -> tuple[str, str]:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
 def mixed_einsum(spec: str, a, b, dtype=jnp.bfloat16):
     """einsum of a, b cast to `dtype`, accumulated and returned in fp32; the backward dots
-    are `dtype` x `dtype` -> fp32 too, each cotangent returned in its operand's dtype."""
+    are `dtype` x `dtype` -> fp32 too, each cotangent returned in its operand's dtype. The
+    weight gradient is written `btd,btf->df` (operand-first, (B, T) kept apart): the form
+    XLA:CPU makes canonical for YNNPACK, in bf16 and fp32 alike (module docstring)."""
     return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
 
 
@@ -82,15 +91,21 @@ class Policy:
         """Whether matmuls are compute-dtype x compute-dtype -> fp32 dots (bf16 on CPU)."""
         return self.compute_dtype != jnp.float32 and _fp32_out_dots()
 
+    @property
+    def attention_core(self) -> bool:
+        """Whether the attention core is jaxpar.mixed_attention's hand-written one (CPU, bf16 and
+        fp32: dots in forms YNNPACK takes; see the module docstring)."""
+        return self.compute_dtype in (jnp.bfloat16, jnp.float32) and _fp32_out_dots()
+
     def cast(self, x):
         """Cast a (fp32) parameter or activation to the compute dtype."""
         return x.astype(self.compute_dtype)
 
     def einsum(self, spec: str, a, b):
         """fp32 result of a weight matmul (no batch dims) with compute-dtype operands (logits)."""
-        if self.compute_dtype == jnp.float32:
+        if self.compute_dtype == jnp.float32 and not _fp32_out_dots():
             return jnp.einsum(spec, a.astype(jnp.float32), b.astype(jnp.float32))
-        if _fp32_out_dots():
+        if _fp32_out_dots():  # CPU: bf16 x bf16 -> fp32, or fp32 with YNNPACK's backward forms
             return mixed_einsum(spec, a, b, self.compute_dtype)
         return jnp.einsum(spec, self.cast(a), self.cast(b), preferred_element_type=jnp.float32)
 

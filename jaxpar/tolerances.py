@@ -101,6 +101,11 @@ TABLE: dict[str, Bound] = {
                                                              "in quadrature: sqrt(2 + L)*U_BF16 = 8.7e-3"),
     # tests/test_flax_model_sharding.py: a Flax NNX model of the user's own (examples/08) on
     # data=2 x fsdp=2 x tensor=2 vs one device, same weights.
+    # tests/test_fp32_dots.py: fp32 on CPU (YNNPACK dot forms: mixed_einsum, causal_attention) vs the plain
+    # path (jnp.einsum + autodiff), gpt2-tiny at 1 layer, remat none/selective, and the attention core alone.
+    "fp32_dots.loss": Bound(0.0, 0.0, "loss: the forward is the same ops (only the backward's dot forms change)"),
+    "fp32_dots.grad": Bound(1e-6, 2.75e-7, "gradient, inf, worst tensor (wte); attention core alone: 2.0e-7 (dK); "
+                                           "the same products summed in another order"),
     "flax_model.fp32.loss": Bound(4e-7, 1e-7, "losses of every step; sharding reorders fp32 sums"),
     "flax_model.fp32.grad": Bound(1e-6, 4e-7, "first step's gradients, inf, worst tensor"),
     # ----------------------------------------------------------------- torchref strategies vs `single`
@@ -161,6 +166,7 @@ SHARDED_VS_SINGLE = {
 PIPELINE_FORWARD = _v("pipeline.fp32.forward")
 CHUNKED_VS_PLAIN = {"loss": _v("chunked.fp32.loss"), "grad": _v("chunked.fp32.grad")}
 CHUNKED_BF16_GRAD_L2 = _v("chunked.bf16.grad_l2", True)
+FP32_DOTS_VS_PLAIN = {"loss": _v("fp32_dots.loss"), "grad": _v("fp32_dots.grad")}
 FLAX_MODEL_SHARDED_VS_SINGLE = {"loss": _v("flax_model.fp32.loss"), "grad": _v("flax_model.fp32.grad")}
 MULTIPROCESS_VS_SINGLE = {"loss": _v("multiprocess.fp32.loss"), "grad_norm": _v("multiprocess.fp32.grad_norm")}
 BF16_LOGITS_REL = _v("model.bf16.logits", True)

@@ -163,7 +163,7 @@ class Attention(nnx.Module):
 
     def _core(self, q, k, v, key):  # (B, T, N, Hd) x3 -> (B, T, N, Hd)
         pol = self.policy
-        if pol.mixed_dots and (key is None or self.dropout == 0.0):  # CPU bf16: dots in YNNPACK
+        if pol.attention_core and (key is None or self.dropout == 0.0):  # CPU bf16/fp32: dots in YNNPACK
             return causal_attention(q, k, v, pol.compute_dtype)
         T, hd = q.shape[1], q.shape[-1]
         # Scores and softmax in fp32: (B, N, T, T)
@@ -173,7 +173,7 @@ class Attention(nnx.Module):
         probs = jax.nn.softmax(s, axis=-1)
         if key is not None:
             probs = _dropout(probs, self.dropout, key)
-        # fp32, GPU (bf16-out dots) and dropout; CPU bf16 without dropout: causal_attention above
+        # GPU (bf16-out dots) and dropout; CPU bf16/fp32 without dropout: causal_attention above
         return jnp.einsum("bnts,bsnh->btnh", probs.astype(pol.compute_dtype), v)
 
 
