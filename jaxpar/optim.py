@@ -64,10 +64,11 @@ def make_update(tc: TrainConfig, schedule: optax.Schedule, mask_fn: Callable) ->
 
         def leaf(p, g, m, v, decay):
             # p, g, m, v: one parameter's (...) fp32 arrays; each line is the optax op it replaces.
-            if clip > 0:  # optax.clip_by_global_norm
-                g = jax.lax.select(grad_norm < clip, g, (g / grad_norm.astype(g.dtype)) * clip)
-            m_new = optax.tree.update_moment(g, m, b1, 1)  # optax.scale_by_adam
-            v_new = optax.tree.update_moment_per_elem_norm(g, v, b2, 2)
+            gc = g  # optax.clip_by_global_norm (max_norm = clip)
+            if clip > 0:
+                gc = jax.lax.select(grad_norm < clip, g, (g / grad_norm.astype(g.dtype)) * clip)
+            m_new = optax.tree.update_moment(gc, m, b1, 1)  # optax.scale_by_adam
+            v_new = optax.tree.update_moment_per_elem_norm(gc, v, b2, 2)
             # The guard sits on the moments *before* the params read them: the params fusion then
             # reads the stored new moments (the old ones are overwritten in place, no copies).
             m2 = jnp.where(ok & jnp.isfinite(m_new), m_new, m)

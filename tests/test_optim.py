@@ -5,6 +5,7 @@ the step used before), and the structure XLA:CPU compiles it to. In-process, fp3
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 import jax
@@ -27,6 +28,7 @@ def tree(seed, scale):
                         gpt2.abstract_params(MC))
 
 
+@functools.cache  # one compile per config across the tests
 def reference(tc):
     """The step's tail before jaxpar.optim: optax update, apply, select on loss/grad/new-weight norms."""
     tx = train.make_optimizer(tc)
@@ -42,6 +44,7 @@ def reference(tc):
     return jax.jit(tail)
 
 
+@functools.cache
 def fused(tc):
     update = optim.make_update(tc, train.lr_schedule(tc), train.decay_mask)
 
@@ -122,12 +125,12 @@ def test_one_pass_per_state_array_in_the_compiled_tail():
     opt_state = train.make_optimizer(TC).init(params)
     args = (params, opt_state, tree(1, 0.1), jnp.float32(2.0))
     shape = f"f32[{MC.n_layer},{MC.n_embd},{4 * MC.n_embd}]"  # h.mlp.c_fc.weight
-    new = fusions_by_shape(fused(TC).lower(*args).compile().as_text())
-    old = fusions_by_shape(reference(TC).lower(*args).compile().as_text())
+    hlo = fused(TC).lower(*args).compile().as_text()
+    new, old = fusions_by_shape(hlo), fusions_by_shape(reference(TC).lower(*args).compile().as_text())
     assert (new[shape], old[shape]) == (4, 7)
     no_clip = dataclasses.replace(TC, grad_clip=0.0)
     assert fusions_by_shape(fused(no_clip).lower(*args).compile().as_text())[shape] == 3
-    reductions = re.findall(r"^\s*%\S+ = f32\[\] fusion\(", fused(TC).lower(*args).compile().as_text(), re.M)
+    reductions = re.findall(r"^\s*%\S+ = f32\[\] fusion\(", hlo, re.M)
     assert len(reductions) <= len(jax.tree.leaves(params))  # one per gradient leaf (the norm), no more
 
 
