@@ -45,7 +45,7 @@ def make_update(tc: TrainConfig, schedule: optax.Schedule, mask_fn: Callable) ->
     grad_norm: optax.tree.norm(grads) (the clip's norm; XLA computes it once). ok: a scalar bool,
     isfinite(loss) & isfinite(grad_norm): when False nothing changes (params, mu, nu, counts).
     A weight whose own new value is not finite although loss and gradients are (train.eps=0 with
-    an underflowed nu, or lr·update overflowing fp32) keeps its old value, so the state never holds
+    an underflowed nu, a beta that rounds to 1 in fp32, or lr·update overflowing fp32) keeps its old value, so the state never holds
     a non-finite number; before, such a step was dropped whole, at the cost of a second pass."""
     b1, b2, eps, wd, clip = tc.beta1, tc.beta2, tc.eps, tc.weight_decay, tc.grad_clip
 
