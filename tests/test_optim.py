@@ -92,18 +92,15 @@ def test_nonfinite_loss_or_grad_keeps_the_whole_state_and_a_bad_weight_keeps_its
     opt_state = train.make_optimizer(tc).init(params)
     grads = tree(1, 0.1)
     norm = optax.tree.norm(grads)
-    for ok in (False,):  # loss or grad norm not finite: nothing changes, counts included
-        p, s = update(grads, norm, opt_state, params, jnp.bool_(ok))
-        assert_bit_equal((p, s), (params, opt_state))
+    p, s = update(grads, norm, opt_state, params, jnp.bool_(False))  # loss or grad norm not finite:
+    assert_bit_equal((p, s), (params, opt_state))  # nothing changes, counts included
     # eps=0 and a zero gradient: mu = nu = 0 and 0/0 for those weights only; they keep their values
     grads["wpe"]["weight"] = grads["wpe"]["weight"].at[3].set(0.0)
     p, s = update(grads, optax.tree.norm(grads), opt_state, params, jnp.bool_(True))
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves((p, s)))
     wpe, wpe0 = np.asarray(p["wpe"]["weight"]), np.asarray(params["wpe"]["weight"])
     np.testing.assert_array_equal(wpe[3], wpe0[3])
-    assert (wpe[:3] != wpe0[:3]).all() and int(jax.tree.leaves(s)[0]) == 1
-    p_ref, _ = reference(tc)(params, opt_state, grads, jnp.float32(2.0))  # the old step dropped it whole
-    assert_bit_equal(p_ref, params)
+    assert (wpe[:3] != wpe0[:3]).all() and int(jax.tree.leaves(s)[0]) == 1  # (the old step dropped it whole)
 
 
 def fusions_by_shape(hlo: str) -> dict[str, int]:
