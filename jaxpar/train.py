@@ -21,6 +21,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxpar import optim
 from jaxpar import sharding as shd
 from jaxpar.config import Config, ConfigError, ModelConfig, TrainConfig
 from jaxpar.layout import ParallelLayout, build_layout
@@ -164,6 +165,7 @@ def build_trainer(cfg: Config, mesh=None, layout: ParallelLayout | None = None) 
     mesh = build_mesh(lay.mesh) if mesh is None else mesh
     tc = cfg.train
     tx = make_optimizer(tc)
+    update = optim.make_update(tc, lr_schedule(tc), decay_mask)  # tx's step in one pass per leaf
     # per-group OSDP (groups in sharding.replicate stay whole over fsdp) and layers -> pipe: the layout's rules
     param_specs = lay.param_specs(gpt2.param_axes(cfg.model))
     abstract = gpt2.abstract_params(cfg.model)
@@ -201,18 +203,13 @@ def build_trainer(cfg: Config, mesh=None, layout: ParallelLayout | None = None) 
             (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), (jnp.arange(accum), xs, ys))
             loss, grads = loss / accum, jax.tree.map(lambda g: g / accum, grads)
         grad_norm = optax.tree.norm(grads)  # optax.global_norm is deprecated
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        # A non-finite loss or gradient norm (or an update that overflows a weight) is never
-        # applied: the old params and optimizer state are kept, so no checkpoint can hold
-        # non-finite values even when the loop reads this flag a step late. The step counter
-        # (dropout key) advances either way; the loop stops or skips on `finite` == False.
-        # The weights are checked through their fp32 norm (a sum, so one inf/NaN shows), which
-        # keeps every cross-shard reduction of the step in fp32 (a boolean all() would add a pred one).
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(params))
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-        new = {"step": state["step"] + 1, "params": keep(params, state["params"]),
-               "opt_state": keep(opt_state, state["opt_state"])}
+        # A non-finite loss or gradient norm is never applied: the old params and optimizer state
+        # are kept, so no checkpoint can hold non-finite values even when the loop reads this flag
+        # a step late (a weight whose own update overflows keeps its old value: jaxpar.optim). The
+        # step counter (dropout key) advances either way; the loop stops or skips on `finite` == False.
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        params, opt_state = update(grads, grad_norm, state["opt_state"], state["params"], finite)
+        new = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
         return new, {"loss": loss, "grad_norm": grad_norm, "finite": finite}
 
     def loop_step(state, inputs, targets, stop):
