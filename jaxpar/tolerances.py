@@ -78,6 +78,14 @@ TABLE: dict[str, Bound] = {
     "gelu.fp32.grad": Bound(1e-5, 3.14e-6, "jaxpar.activations.gelu_tanh's hand-written derivative vs the "
                             "float64 one, inf relative, 65536 fp32 inputs ~ N(0, 16); jax's autodiff of "
                             "jax.nn.gelu measures the same 3.14e-6 (fp32 rounding of x^3 near |x| ~ 3)"),
+    # tests/test_layernorm.py, tests/test_softmax.py: hand-written backwards vs autodiff and float64.
+    "layernorm.fp32.grad": Bound(5e-7, 1.29e-7, "jaxpar.layernorm's backward (dx, dw, db) vs autodiff of the plain "
+                                 "expression and vs float64, inf relative, (4, 16, 96) rows with mean ~ N(0, 25): "
+                                 "both reorder fp32 sums over D (dx) or B*T (dw, db); autodiff itself is 1.29e-7 "
+                                 "from float64"),
+    "softmax.fp32.grad": Bound(9e-7, 2.33e-7, "jaxpar.softmax.causal_softmax's backward p(g - sum(g p)) vs autodiff "
+                               "of the plain masked softmax, inf relative, (2, 3, 24, 24) scores ~ N(0, 9); "
+                               "1.04e-7 from float64, autodiff itself 2.17e-7 from float64"),
     # tests/test_ops.py: operator splitting (vocab / mlp chunks) and remat vs the plain model, one device.
     "chunked.fp32.loss": Bound(4e-7, 1.04e-7, "loss, worst of 4 (remat, vocab_chunks, mlp_chunks) settings: only "
                                               "the order of the chunk sums changes"),

@@ -8,6 +8,12 @@ the same way), through the trainer's own loss (`train.make_loss_fn`: activation 
 gpt2-tiny with the shared numpy init and a fixed numpy batch. They are float32 bit patterns from
 XLA:CPU: a different XLA release or CPU ISA may round differently, in which case re-derive them
 from the old model rather than loosening the comparison.
+
+Re-taken once since: the bf16 remat=none gradient norm after jaxpar.layernorm's hand-written
+backward (0x1.071c1c -> 0x1.071f7a, 5e-5 relative; the loss and the other three pins kept their
+bits). XLA:CPU fuses and drops bf16 round trips differently around the new backward, so some bf16
+cotangents round the other way: gpt2-tiny's bf16 gradients are as close to fp32 as before (worst
+tensor l2 7.2e-3 vs 7.8e-3, all tensors 6.05e-3 vs 6.07e-3).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from jaxpar.train import make_loss_fn
 # (overrides, with a dropout key) -> (loss, global grad norm) as float32 hex
 PINS = {
     ("precision=fp32", "train.remat=none"): ("0x1.67ae640000000p+2", "0x1.0732820000000p+2"),
-    ("precision=bf16", "train.remat=none"): ("0x1.67afc40000000p+2", "0x1.071c1c0000000p+2"),
+    ("precision=bf16", "train.remat=none"): ("0x1.67afc40000000p+2", "0x1.071f7a0000000p+2"),
     ("precision=fp32", "train.remat=selective", "train.vocab_chunks=2", "train.mlp_chunks=2"):
         ("0x1.67ae660000000p+2", "0x1.0732820000000p+2"),
     ("precision=bf16", "train.remat=full", "model.dropout=0.1"): ("0x1.67eeb40000000p+2", "0x1.0a48040000000p+2"),

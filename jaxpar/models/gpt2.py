@@ -46,9 +46,11 @@ from gpt2common.init import init_params, param_shapes  # noqa: F401  (numpy, sha
 from jaxpar import ops
 from jaxpar.activations import gelu_tanh
 from jaxpar.config import ModelConfig, Remat
+from jaxpar.layernorm import layer_norm
 from jaxpar.logical import constrain
 from jaxpar.mixed_attention import causal_attention
 from jaxpar.precision import Policy, get_policy
+from jaxpar.softmax import causal_softmax
 
 Params = dict[str, Any]
 
@@ -112,7 +114,8 @@ class Embedding(nnx.Module):
 
 
 class LayerNorm(nnx.Module):
-    """LayerNorm with fp32 statistics; returns the input's dtype."""
+    """LayerNorm with fp32 statistics; returns the input's dtype. The backward is hand-written
+    (jaxpar.layernorm): it saves x and two (B, T, 1) stats instead of four (B, T, D) fp32 arrays."""
 
     def __init__(self, params: Params | None, dim: int, eps: float, layers: int | None = None):
         self.weight = _weight(params, "weight", (dim,), ("embed",), layers)
@@ -120,11 +123,7 @@ class LayerNorm(nnx.Module):
         self.eps = eps
 
     def __call__(self, x):
-        x32 = x.astype(jnp.float32)
-        mean = x32.mean(-1, keepdims=True)
-        var = jnp.square(x32 - mean).mean(-1, keepdims=True)
-        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps) * self.weight[...] + self.bias[...]
-        return y.astype(x.dtype)
+        return layer_norm(x, self.weight[...], self.bias[...], self.eps)
 
 
 class Attention(nnx.Module):
@@ -165,12 +164,10 @@ class Attention(nnx.Module):
         pol = self.policy
         if pol.attention_core and (key is None or self.dropout == 0.0):  # CPU bf16/fp32: dots in YNNPACK
             return causal_attention(q, k, v, pol.compute_dtype)
-        T, hd = q.shape[1], q.shape[-1]
-        # Scores and softmax in fp32: (B, N, T, T)
+        hd = q.shape[-1]
+        # Scores and causal softmax in fp32: (B, N, T, T); its backward saves only the probs
         s = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
-        causal = jnp.tril(jnp.ones((T, T), dtype=bool))
-        s = jnp.where(causal, s, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(s, axis=-1)
+        probs = causal_softmax(s)
         if key is not None:
             probs = _dropout(probs, self.dropout, key)
         # GPU (bf16-out dots) and dropout; CPU bf16/fp32 without dropout: causal_attention above
