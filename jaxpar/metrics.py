@@ -87,7 +87,8 @@ class MetricsLogger:
             for k, v in rec.items():
                 if k != "step" and isinstance(v, (int, float)):
                     self.tb.add_scalar(k, v, rec["step"])
-        info = (f"loss {rec['loss']:.4f} | {rec['tokens_per_s']:,.0f} tok/s | "
+        loss = "non-finite" if rec["loss"] is None else f"{rec['loss']:.4f}"  # None: NaN/inf (JSON has none)
+        info = (f"loss {loss} | {rec['tokens_per_s']:,.0f} tok/s | "
                 f"{rec['step_time_s'] * 1e3:.1f} ms | mfu {rec['mfu'] * 100:.2f}%")
         if "val_loss" in rec:
             info += f" | val {rec['val_loss']:.4f}"
