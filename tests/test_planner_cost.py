@@ -48,17 +48,72 @@ def test_layer_activations_formula():
     T, b, D, N = 1024, 1, 1600, 25
     sbh = T * b * D
     saved, live = layer_activation_bytes(w, b, 1, "none", 1)
-    # 14 compute-dtype (2 replicated + q,k,v,o + c_fc out and GELU out, 2 x 4D) + 6 fp32 (b, T, D)-sized
-    # residuals, as print_saved_residuals lists them; fp32 masked probs + bf16 probs (T², per head)
-    assert saved == live == sbh * (2 * 14 + 4 * 6) + (4 + 2) * N * T * T * b
-    assert layer_activation_bytes(w, b, 1, "selective", 1)[0] == 52 * sbh
+    # 16 compute-dtype (b, T, D)-sized residuals (ln_1/ln_2 in and out, q,k,v,o, c_fc out and GELU
+    # out, 2 x 4D), 4 fp32 LayerNorm stats per token; fp32 probs + their bf16 copy (GPU, T² per head)
+    assert saved == live == sbh * 2 * 16 + 16 * T * b + (4 + 2) * N * T * T * b
+    assert layer_activation_bytes(w, b, 1, "selective", 1)[0] == 32 * sbh + 16 * T * b
     assert layer_activation_bytes(w, b, 1, "full", 1)[0] == 2 * sbh
+    # XLA:CPU's attention core saves the fp32 probs only
+    assert layer_activation_bytes(w, b, 1, "none", 1, probs_copy=False)[0] == 32 * sbh + 16 * T * b + 4 * N * T * T * b
     # tensor=4 splits q,k,v,o + MLP units and the T² term; chunked MLP drops the MLP units
-    assert layer_activation_bytes(w, b, 4, "none", 4)[0] == sbh * (2 * (2 + 4 / 4) + 24) + 6 * N * T * T * b / 4
+    assert layer_activation_bytes(w, b, 4, "none", 4)[0] == sbh * 2 * (4 + 4 / 4) + 16 * T * b + 6 * N * T * T * b / 4
     flash = Workload(XL, 8, 1024, attention="flash")
-    assert layer_activation_bytes(flash, b, 1, "none", 1)[0] == 52 * sbh + 8 * N * T * b
+    assert layer_activation_bytes(flash, b, 1, "none", 1)[0] == 32 * sbh + 16 * T * b + 8 * N * T * b
     fp32 = Workload(XL, 8, 1024, precision="fp32")
-    assert layer_activation_bytes(fp32, b, 1, "none", 1)[0] == 80 * sbh + 8 * N * T * T * b
+    assert layer_activation_bytes(fp32, b, 1, "none", 1)[0] == 64 * sbh + 16 * T * b + 4 * N * T * T * b
+
+
+def _scan_residuals(capsys, mc, policy, remat, b, t):
+    """(activation bytes, weight-cast bytes) per layer of what the real model's layer scan saves:
+    the (L, ...) 'output of scan' residuals of jax.ad_checkpoint.print_saved_residuals."""
+    import math
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    from jax.ad_checkpoint import print_saved_residuals
+
+    from jaxpar.models import gpt2
+
+    params = jax.tree.map(jnp.asarray, gpt2.init_params(mc, 0))
+    tok = jnp.zeros((b, t + 1), jnp.int32)
+    print_saved_residuals(
+        lambda p: gpt2.GPT2(mc, p, policy=policy, remat=remat).loss(tok[:, :-1], tok[:, 1:]), params)
+    size = {"f32": 4, "bf16": 2}
+    acts = weights = 0
+    for line in capsys.readouterr().out.splitlines():
+        got = re.match(rf"(\w+)\[{mc.n_layer},([\d,]+)\] output of scan", line)
+        if got:
+            dims = [int(x) for x in got.group(2).split(",")]
+            n = size[got.group(1)] * math.prod(dims)  # one layer: the leading L dim is dropped
+            if dims[0] == b:  # activations are (b, ...); weights (D, ...), (N, Hd, D), (4D, D)
+                acts += n
+            else:
+                weights += n
+    return acts, weights
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu-einsum"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("remat", ["none", "selective", "full"])
+def test_layer_activations_match_the_census(capsys, monkeypatch, gpu, precision, remat):
+    """layer_activation_bytes == the bytes the real model's layer scan saves per layer, for a tiny
+    config: on CPU (jaxpar.mixed_attention's core) and on the GPU path (matmuls with compute-dtype
+    outputs, the einsum core + jaxpar.softmax: emulated here by turning off CPU's fp32-output
+    dots), where bf16 also saves each layer's bf16 weight casts (12·D² elements, the term
+    `estimate` adds as 'saved compute-dtype weight casts'). B = 3 differs from every weight dim."""
+    if gpu:
+        from jaxpar import precision as prec
+
+        monkeypatch.setattr(prec, "_fp32_out_dots", lambda: False)
+    L, B, T, D, N = 2, 3, 8, 16, 2
+    mc = ModelConfig(n_layer=L, n_embd=D, n_head=N, vocab_size=64, n_positions=16)
+    w = Workload(mc, B, T, precision)
+    acts, weights = _scan_residuals(capsys, mc, precision, remat, B, T)
+    saved, _ = layer_activation_bytes(w, B, 1, remat, 1, w.cb, probs_copy=gpu and w.cb < 4)
+    assert acts == saved, (acts, saved)
+    cast = gpu and precision == "bf16" and remat != "full"
+    assert weights == (12 * D * D * w.cb if cast else 0)
 
 
 def test_flops_per_token_palm_formula():

@@ -105,11 +105,14 @@ def test_megatron_engine_rows_2021():
     dev = _a100()
     got = {r.name: P.evaluate_published(r, dev, MEGATRON_ORDER, "megatron").mfu / P.published_mfu(r) - 1
            for r in P.ROWS}
-    want = {"1.7B": 0.060, "3.6B": 0.040, "7.5B": -0.009, "18.4B": -0.100, "39.1B": 0.012, "76.1B": 0.088,
-            "145.6B": 0.060, "310.1B": 0.056, "529.6B": 0.044, "1008.0B": 0.017}
+    # recomputed after the residual diet (cost.py counts jaxpar's census: LN saves x + 2 stats, not
+    # six fp32 (b, T, D) arrays), which also shrank the GPU elementwise traffic term: every row
+    # moved up 4-11 points and 76.1B left the 15% band (+8.8% before)
+    want = {"1.7B": 0.101, "3.6B": 0.105, "7.5B": 0.087, "18.4B": 0.007, "39.1B": 0.125, "76.1B": 0.189,
+            "145.6B": 0.147, "310.1B": 0.122, "529.6B": 0.097, "1008.0B": 0.061}
     for k, v in want.items():
         assert got[k] == pytest.approx(v, abs=0.002), k
-    assert all(abs(v) <= 0.15 for v in got.values())
+    assert [k for k, v in got.items() if abs(v) > 0.15] == ["76.1B"]
 
 
 def test_korthikanti_rows_published_figures():
@@ -134,11 +137,11 @@ def test_korthikanti_rows_predicted():
 
     dev = _a100()
     # (a) Megatron's engine, published placement, selective: within 15% (pinned to 0.1 point of MFU)
-    want_mg = {"22B": 0.417, "175B": 0.461, "530B": 0.504, "1T": 0.517}
+    want_mg = {"22B": 0.468, "175B": 0.495, "530B": 0.529, "1T": 0.538}
     # (a) what jaxpar would run: its pipeline (every stage re-run, no sequence parallelism) in its
-    # placement (Megatron's since 2026-11-23; pipe-innermost it was 0.209, 0.248, 0.265): 34-37%
+    # placement (Megatron's since 2026-11-23; pipe-innermost it was 0.209, 0.248, 0.265): 28-34%
     # below the published figure for the pipelined rows
-    want_jx = {"22B": 0.417, "175B": 0.345, "530B": 0.357, "1T": 0.359}
+    want_jx = {"22B": 0.468, "175B": 0.371, "530B": 0.374, "1T": 0.373}
     for r in P.ROWS_2022:
         pub = P.published_mfu_2022(r)
         mg = P.evaluate_2022(r, dev, MEGATRON_ORDER, "megatron")
@@ -152,7 +155,7 @@ def test_korthikanti_rows_predicted():
 def test_529b_fits_with_per_layer_gather_1f1b_or_megatron_engine():
     # 2520 GPUs, the GPipe/circular scan only (microbatches up to 64, as before 1f1b): with the
     # stage weights gathered once per step (pipeline.gather=step) nothing fits 80 GiB (smallest need
-    # 113 GiB); gathering them per layer (gather=layer) fits a pipeline at 79.6 GiB, slow (13.9%
+    # 101 GiB); gathering them per layer (gather=layer) fits a pipeline at 79.7 GiB, slow (18.7%
     # MFU: 3·N per-layer fsdp rounds); with pipeline.schedule=1f1b the pick is a 1f1b pipeline (see
     # test_1f1b_pick_fits_and_is_no_slower_than_published). With Megatron's engine and placement
     # (what-if) the planner finds a pipeline that fits and is no slower than the published
@@ -163,15 +166,15 @@ def test_529b_fits_with_per_layer_gather_1f1b_or_megatron_engine():
     r, dev = next(x for x in P.ROWS if x.name == "529.6B"), _a100()
     scan = SearchSpace(one_f_one_b=False, max_microbatches=64)
     step_only = search(P.workload(r), r.gpus, dev, dev.memory, dataclasses.replace(scan, gathers=("step",)))
-    assert step_only.best is None and step_only.min_memory / 2**30 == pytest.approx(113.0, abs=0.1)
+    assert step_only.best is None and step_only.min_memory / 2**30 == pytest.approx(101.3, abs=0.1)
     best = search(P.workload(r), r.gpus, dev, dev.memory, scan).best
     s = best.strategy
-    assert (s.mesh, s.microbatches, s.gather) == ({"data": 3, "fsdp": 10, "tensor": 4, "pipe": 21}, 42, "layer")
-    assert best.memory["total"] <= 80 * 2**30 and best.mfu == pytest.approx(0.1396, abs=0.0005)
+    assert (s.mesh, s.microbatches, s.gather) == ({"data": 3, "fsdp": 5, "tensor": 8, "pipe": 21}, 56, "layer")
+    assert best.memory["total"] <= 80 * 2**30 and best.mfu == pytest.approx(0.1868, abs=0.0005)
     pick = P.pick_megatron_engine(r, dev)
     pub = P.evaluate_published(r, dev, MEGATRON_ORDER, "megatron")
     assert pick.fits and pick.memory["total"] <= 80 * 2**30 and pick.strategy.pipe > 1
-    assert pick.step_time_s <= pub.step_time_s and pick.mfu == pytest.approx(0.431, abs=0.001)
+    assert pick.step_time_s <= pub.step_time_s and pick.mfu == pytest.approx(0.525, abs=0.001)
 
 
 # ----------------------------------------------------------------------------- pipeline.schedule=1f1b
@@ -183,7 +186,7 @@ def test_1f1b_pick_fits_and_is_no_slower_than_published(name):
     """Before 1f1b no plan jaxpar could run was predicted as fast as the published configuration
     (a), as jaxpar runs it, for 310.1B (pick 24.9% vs 36.4%), 529.6B (14.0% vs 35.3%) or 1T (30.4%
     vs 35.8%). 1f1b keeps 2S-1 stage inputs instead of every microbatch's plus the embedded batch:
-    the picks are 1f1b pipelines within 80 GiB, no slower than (a), which needs 102-197 GiB."""
+    the picks are 1f1b pipelines within 80 GiB, no slower than (a), which needs 101-195 GiB."""
     from jaxpar.planner.cost import JAXPAR_ORDER
     from jaxpar.planner.search import search
 
@@ -191,9 +194,9 @@ def test_1f1b_pick_fits_and_is_no_slower_than_published(name):
     w, a = P.workload(r), P.evaluate_published(r, dev, JAXPAR_ORDER)
     res = search(w, r.gpus, dev, dev.memory)
     pick = res.best
-    want = {"310.1B": ({"data": 10, "fsdp": 2, "tensor": 4, "pipe": 24}, 108, 0.370),
-            "529.6B": ({"data": 3, "fsdp": 5, "tensor": 8, "pipe": 21}, 168, 0.383),
-            "1008.0B": ({"data": 3, "fsdp": 2, "tensor": 8, "pipe": 64}, 512, 0.379)}[name]
+    want = {"310.1B": ({"data": 5, "fsdp": 4, "tensor": 8, "pipe": 12}, 108, 0.393),
+            "529.6B": ({"data": 3, "fsdp": 5, "tensor": 8, "pipe": 21}, 168, 0.4025),
+            "1008.0B": ({"data": 3, "fsdp": 2, "tensor": 8, "pipe": 64}, 512, 0.395)}[name]
     s = pick.strategy
     assert (s.mesh, s.microbatches, s.repeats, s.schedule) == (want[0], want[1], 1, "1f1b")
     assert pick.mfu == pytest.approx(want[2], abs=0.001) and pick.memory["total"] <= 80 * 2**30
@@ -201,8 +204,8 @@ def test_1f1b_pick_fits_and_is_no_slower_than_published(name):
 
 
 def test_1f1b_runs_the_published_1t_configuration():
-    """Megatron's 1T run (6×1×8×64, M=512, 1F1B): jaxpar's GPipe needs 197 GiB per device for it
-    (M + S - 1 stage inputs and the replica batch embedded twice), its 1f1b 60 GiB (2S-1 = 127
+    """Megatron's 1T run (6×1×8×64, M=512, 1F1B): jaxpar's GPipe needs 195 GiB per device for it
+    (M + S - 1 stage inputs and the replica batch embedded twice), its 1f1b 58 GiB (2S-1 = 127
     inputs, no embedded batch), and is faster (no pipe gather/broadcast of the embedded batch)."""
     from jaxpar.planner.cost import Strategy, estimate
 
@@ -210,9 +213,9 @@ def test_1f1b_runs_the_published_1t_configuration():
     w = P.workload(r)
     gp, one = (estimate(w, Strategy(r.data, 1, r.tensor, r.pipe, r.microbatches, 1, "full", schedule=sc), dev)
                for sc in ("gpipe", "1f1b"))
-    assert gp.memory["total"] / 2**30 == pytest.approx(197.0, abs=0.5)
-    assert one.memory["total"] / 2**30 == pytest.approx(60.2, abs=0.1) and one.mfu == pytest.approx(0.379, abs=0.001)
-    assert gp.mfu == pytest.approx(0.358, abs=0.001) and gp.bubble == one.bubble == pytest.approx(63 / 575)
+    assert gp.memory["total"] / 2**30 == pytest.approx(195.1, abs=0.5)
+    assert one.memory["total"] / 2**30 == pytest.approx(58.2, abs=0.1) and one.mfu == pytest.approx(0.395, abs=0.001)
+    assert gp.mfu == pytest.approx(0.372, abs=0.001) and gp.bubble == one.bubble == pytest.approx(63 / 575)
     # the search's memory floor for this mesh bounds the 1f1b plan (GPipe's floor alone, with the
     # replica batch's 2·512 embedded sequences, is 107 GB: the mesh would be pruned before costing)
     from jaxpar.planner.search import _memory_floor

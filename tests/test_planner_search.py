@@ -87,7 +87,7 @@ def test_pruned_search_exact_with_megatron_engine():
 
     w = Workload(POW2, 32, 512)
     space = SearchSpace(order=MEGATRON_ORDER, engine="megatron")
-    limit = 0.07 * 2**30  # below the 1x1x2x8 pipeline's floor with a batch term (0.074 GiB)
+    limit = 0.06 * 2**30  # below the 1x1x2x8 pipeline's floor with a batch term (0.074 GiB)
     want, _ = exhaustive(w, 16, H100, limit, space)
     res = search(w, 16, H100, limit, space, top_k=4)
     assert want is not None and res.best is not None

@@ -14,10 +14,10 @@ layers over pipe. Three OSDP groups can each be sharded (ZeRO-3 over fsdp) or re
 State bytes per element: fp32 master 4 + fp32 grad 4 + Adam m, v 8 = 16 (+4 for the grad
 accumulator when M > 1).
 
-Activations saved per layer per microbatch (Korthikanti et al. 2022, eq. 2, no dropout masks,
-no sequence parallelism):  T·b·D·cb·(4 + 12/t)   [x, ln_1 out, residual, ln_2 out replicated;
-q, k, v, attn out, fc out, gelu out split over t]  +  N·T²·b/t·(4 + cb)  [fp32 softmax probs and
-their compute-dtype copy; cb is dropped in fp32]. Flash attention replaces the T² term by the
+Activations saved per layer per microbatch (the layer scan's residuals, tests/test_model_residuals.py;
+no dropout masks, no sequence parallelism):  T·b·D·cb·(4 + 12/t) + T·b·16  [ln_1 in/out, ln_2 in/out
+replicated, their fp32 mean/rstd (T, b, 1) ×4; q, k, v, attn out, fc out, gelu out split over t]
++  N·T²·b/t·4  [fp32 softmax probs; + cb for their compute-dtype copy in bf16 on GPUs]. Flash attention replaces the T² term by the
 fp32 log-sum-exp N·T·b/t·4. remat=selective drops the T² term (recomputed); remat=full keeps only
 the block input T·b·D·cb; mlp_chunks > 1 drops the 8/t MLP part (recomputed chunk by chunk).
 Pipelines (p > 1) rematerialise each pipeline iteration: saved = (R·M+S-1) stage inputs
@@ -227,34 +227,44 @@ def axis_bandwidths(dev: DeviceSpec, s: Strategy) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- activations
 
-# Residuals jaxpar's GPT-2 block saves for backward, per T·b·D elements, counted with
-# jax.ad_checkpoint.print_saved_residuals (see README): Korthikanti et al. count 34 bytes for
-# Megatron's fused kernels; XLA autodiff of our block also keeps the fp32 LayerNorm
-# intermediates (x-mean, normalised x: 6 fp32 tensors). The MLP keeps 2 tensors of 4D: c_fc's
-# output (the one residual of jaxpar.activations.gelu_tanh's hand-written backward) and the GELU
-# output (c_proj's input); jax's own tanh-GELU kept 6 (recounted 2026-11-23 after that change).
-REP_UNITS = 2  # compute dtype: ln outputs / residual, replicated over tensor
-LN32_UNITS = 6  # fp32 LayerNorm intermediates, replicated over tensor
+# Residuals jaxpar's GPT-2 layer scan saves for backward, per T·b·D elements, counted with
+# jax.ad_checkpoint.print_saved_residuals (tests/test_model_residuals.py pins the list,
+# tests/test_planner_cost.py::test_layer_activations_match_the_census this formula). Per layer,
+# shapes (b, T, ...), compute dtype unless fp32 is written:
+#   (b, T, D)     ln_1 input, ln_1 output, ln_2 input, ln_2 output     REP_UNITS, replicated over t
+#   (b, T, 1)     fp32 mean and rstd of ln_1 and ln_2                  LN_STATS_BYTES per token
+#   (b, T, N, Hd) q, k, v, attention output                             QKVO_UNITS, split over t
+#   (b, T, 4D)    c_fc output, GELU output                              MLP_UNITS, split over t
+#   (b, N, T, T)  fp32 softmax probs (jaxpar.softmax / mixed_attention save nothing else); on GPUs
+#                 in bf16 the einsum core also keeps their bf16 copy (probs·V's operand)
+# jaxpar.layernorm's hand-written backward saves x + 2 fp32 stats where autodiff kept six fp32
+# (b, T, D) intermediates (recounted 2026-11-23, issue 12 residual diet). On GPUs in bf16 the
+# scan also saves each layer's compute-dtype weight casts: `estimate` adds those separately.
+REP_UNITS = 4  # compute dtype: ln_1 / ln_2 inputs and outputs, replicated over tensor
+LN_STATS_BYTES = 16  # per token: fp32 mean + rstd of ln_1 and ln_2, replicated over tensor
 QKVO_UNITS = 4  # q, k, v, attention output (split over tensor)
 MLP_UNITS = 8  # c_fc out + GELU out, 2 × 4D (split over tensor)
 
 
 def layer_activation_bytes(w: Workload, b: float, t: int, remat: str, mlp_chunks: int,
-                           cb: int | None = None) -> tuple[float, float]:
+                           cb: int | None = None, probs_copy: bool | None = None) -> tuple[float, float]:
     """(saved, live) bytes of one layer for one microbatch of b rows on one device.
 
-    saved = T·b·D·(cb·(2 + 12/t) + 4·6) + N·T²·b/t·(4 + cb)        (remat=none)
-    The T² term is the fp32 masked scores/probs plus the compute-dtype probs (in fp32 both are
-    fp32); flash attention keeps only the fp32 row statistics N·T·b/t·8 instead. selective
-    drops the T² term, mlp_chunks > 1 drops the MLP units (both recomputed), full keeps only the
-    block input T·b·D·cb. `live` is everything the layer holds while it runs (recompute peak)."""
+    saved = T·b·(D·cb·(4 + 12/t) + 16) + N·T²·b/t·(4 + cb·probs_copy)        (remat=none)
+    cb is the dtype of the saved activations, probs_copy whether the compute-dtype copy of the
+    fp32 probs is saved too (default: cb < 4, jaxpar's einsum core in bf16 on GPU; XLA:CPU's
+    attention core and fp32 keep the fp32 probs only). Flash attention keeps only the fp32 row
+    statistics N·T·b/t·8 instead. selective drops the T² term, mlp_chunks > 1 drops the MLP units
+    (both recomputed), full keeps only the block input T·b·D·cb. `live` is everything the layer
+    holds while it runs (recompute peak)."""
     T, D, N = w.seq_len, w.model.n_embd, w.model.n_head
-    cb = w.cb if cb is None else cb  # 4 where the backend computes bf16 in fp32 (XLA:CPU)
+    cb = w.cb if cb is None else cb
+    probs_copy = cb < 4 if probs_copy is None else probs_copy
     sbh = T * b * D
-    rep = sbh * (REP_UNITS * cb + LN32_UNITS * 4)
+    rep = sbh * REP_UNITS * cb + T * b * LN_STATS_BYTES
     qkvo = sbh * QKVO_UNITS * cb / t
     mlp = sbh * MLP_UNITS * cb / t
-    attn = N * T * b / t * 8 if w.attention == "flash" else N * T * T * b / t * (4 + cb)
+    attn = N * T * b / t * 8 if w.attention == "flash" else N * T * T * b / t * (4 + (cb if probs_copy else 0))
     live = rep + qkvo + mlp + attn
     if remat == "full":
         return sbh * cb, live
@@ -315,7 +325,9 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     share = s.n_devices if dev.shared_host else 1
     sec = share / (peak * eff)
 
-    saved, live = layer_activation_bytes(w, b, t, remat, s.mlp_chunks, cb)
+    # The layer scan saves its residuals in the compute dtype even on XLA:CPU (bf16 there too:
+    # tests/test_model_residuals.py), and the bf16 copy of the probs only on GPUs (see above).
+    saved, live = layer_activation_bytes(w, b, t, remat, s.mlp_chunks, w.cb, dev.native_bf16 and w.cb < 4)
     unit = T * b * D * cb  # one (b, T, D) activation in the compute dtype
     if S > 1:
         # pipeline.py: S·R virtual stages, padded to the largest (lmax layers); one scan of
