@@ -15,7 +15,7 @@ bf16 (default):
   benchmarks/README.md). `einsum` below keeps all three dots of a matmul's forward and
   backward in that fast form: the backward casts the incoming fp32 cotangent to bf16 (what
   torch.autocast does), and the weight gradient leaves the dot in fp32 (not rounded to bf16).
-  Attention's batched dots: jaxpar/mixed_attention.py (`Policy.mixed_dots`), in forms pinned by
+  Attention's batched dots: jaxpar/mixed_attention.py (`Policy.attention_core`), in forms pinned by
   tests: XLA:CPU runs a bf16 x bf16 -> fp32 dot only in YNNPACK, and a bf16 dot that YNNPACK
   rejects late in compilation fails at run time ("Unsupported element type for DotThunk").
 fp32: every tensor and every matmul in fp32, for exact comparisons (parity, sharding tests).
@@ -85,11 +85,6 @@ class Policy:
     compute_dtype: jnp.dtype  # activations and matmul operands
     param_dtype: jnp.dtype = jnp.float32  # master weights, grads, optimizer state
     accum_dtype: jnp.dtype = jnp.float32  # LN stats, softmax, logits, loss
-
-    @property
-    def mixed_dots(self) -> bool:
-        """Whether matmuls are compute-dtype x compute-dtype -> fp32 dots (bf16 on CPU)."""
-        return self.compute_dtype != jnp.float32 and _fp32_out_dots()
 
     @property
     def attention_core(self) -> bool:
