@@ -81,8 +81,7 @@ def make_update(tc: TrainConfig, schedule: optax.Schedule, mask_fn: Callable) ->
             return jnp.where(ok & jnp.isfinite(p_new), p_new, p), m2, v2
 
         out = jax.tree.map(leaf, params, grads, adam.mu, adam.nu, mask)
-        is_out = lambda x: isinstance(x, tuple) and len(x) == 3 and not hasattr(x, "_fields")  # noqa: E731
-        new_p, new_m, new_v = (jax.tree.map(lambda t, i=i: t[i], out, is_leaf=is_out) for i in range(3))
+        new_p, new_m, new_v = jax.tree.transpose(jax.tree.structure(params), jax.tree.structure((0, 0, 0)), out)
         bump = lambda c: jnp.where(ok, optax.safe_increment(c), c)  # noqa: E731
         new_state = _replace_states(opt_state, lambda s: s._replace(count=bump(s.count), mu=new_m, nu=new_v),
                                     lambda s: s._replace(count=bump(s.count)))
