@@ -738,6 +738,12 @@ MUTANTS: list[Mutant] = [
            "M_MMAP_MAX = -3",
            "mallopt number of M_MMAP_THRESHOLD instead of M_MMAP_MAX: threshold 0 mmaps every block",
            (T + "test_host_memory.py",)),
+    Mutant("host_memory_trims", "host-memory", "jaxpar/host_memory.py",
+           "libc.mallopt(M_TRIM_THRESHOLD, -1)]",
+           "libc.mallopt(M_TRIM_THRESHOLD, 1 << 20)]",
+           "a 1 MiB trim threshold: free gives the heap's top back to the kernel, so the next step "
+           "page-faults it in again",
+           (T + "test_host_memory.py",)),
     Mutant("cli_skips_host_memory", "host-memory", "jaxpar/cli.py",
            "    host_memory.keep_freed_memory()  # no per-step",
            "    pass  # no per-step",
