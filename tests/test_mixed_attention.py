@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpar.config import PRESETS
-from jaxpar.mixed_attention import causal_attention
+from jaxpar.config import PRESETS, ModelConfig
+from jaxpar.mixed_attention import causal_attention, causal_attention_qkv
 from jaxpar.models import gpt2
 from jaxpar.precision import get_policy
 from jaxpar.tolerances import NATIVE_BF16, U_BF16
@@ -110,3 +110,84 @@ def test_every_dot_of_the_bf16_step_is_a_bf16_ynnpack_dot():
     assert dots == [("ynn", "f32", "bf16", "bf16")] * (mc.n_layer * (4 * 3 + 6) + 3), sorted(set(dots))
     loss_value, _ = step(params)  # and it runs (a bf16 dot outside YNNPACK fails at run time)
     assert abs(float(loss_value) - math.log(mc.vocab_size)) < 0.5
+
+
+def _split_attention(qkv, dtype=BF16):  # q, k, v sliced outside the custom_vjp: autodiff pads + adds
+    return causal_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dtype)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_qkv_entry_is_bit_identical_to_sliced_q_k_v(shape):
+    b, t, n, hd = shape
+    rng = np.random.default_rng(sum(shape))
+    qkv, g = _bf(rng.standard_normal((b, t, 3, n, hd))), _bf(rng.standard_normal(shape))
+
+    def fwd_bwd(f):
+        o, vjp = jax.vjp(f, qkv)
+        return o, vjp(g)[0]
+
+    (o, dqkv), (o_ref, dqkv_ref) = jax.jit(lambda: fwd_bwd(causal_attention_qkv))(), jax.jit(lambda: fwd_bwd(_split_attention))()
+    assert o.dtype == dqkv.dtype == BF16 and dqkv.shape == qkv.shape
+    assert np.abs(np.asarray(dqkv[:, :, 2], F32)).max() > 0.05  # dv is never trivially zero
+    assert np.array_equal(np.asarray(o, F32), np.asarray(o_ref, F32))
+    assert np.array_equal(np.asarray(dqkv, F32), np.asarray(dqkv_ref, F32))
+
+
+def _census(f, qkv, g):
+    """(pads, fusions writing a (B, T, 3, N, Hd) array, fusion kinds) of the compiled vjp."""
+    hlo = jax.jit(lambda x: jax.vjp(f, x)[1](g)[0]).lower(qkv).compile().as_text()
+    dims = ",".join(map(str, qkv.shape))
+    entry = hlo[hlo.index("ENTRY"):]
+    writers = re.findall(rf"^\s*(?:ROOT )?%[\w.\-]+ = \w+\[{dims}\]\S* fusion\(", entry, re.M)
+    return len(re.findall(r" pad\(", hlo)), len(writers), _dots(hlo)
+
+
+@pytest.mark.skipif(not NATIVE_BF16, reason="pins XLA:CPU's YNNPACK bf16 kernel choice on an avx512_bf16/amx host")
+def test_qkv_backward_writes_dqkv_once_without_pads():
+    """Sliced q, k, v: d(qkv) is three zero-padded copies summed in one loop fusion that reads
+    every dot output per element. The qkv entry stacks: no pad, one fusion writes d(qkv), and
+    the vjp's five dots (scores; dP, dV, dQ, dK) stay bf16 x bf16 -> fp32 in YNNPACK."""
+    qkv, g = jnp.ones((2, 16, 3, 2, 16), BF16), jnp.ones((2, 16, 2, 16), BF16)
+    ynn5 = [("ynn", "f32", "bf16", "bf16")] * 5
+    assert _census(_split_attention, qkv, g) == (3, 1, ynn5)  # the census sees the pads it guards
+    assert _census(causal_attention_qkv, qkv, g) == (0, 1, ynn5)
+
+
+def _attention_and_grads(mc, pol, p, x, g, sliced: bool):
+    """The compiled (output, d(x, params)) of gpt2.Attention with params p under the vjp of g.
+    sliced=True: the same projections around causal_attention on q, k, v sliced outside it (the
+    path before the fused core; autodiff pads + adds d(qkv))."""
+
+    def f(x, p):
+        if not sliced:
+            return gpt2.Attention(mc, pol, p)(x)
+        qkv = pol.linear("btd,dcnh->btcnh", x, p["c_attn"]["weight"], p["c_attn"]["bias"])
+        o = _split_attention(qkv, pol.compute_dtype)
+        return pol.linear("btnh,nhd->btd", o, p["c_proj"]["weight"], p["c_proj"]["bias"])
+
+    def run(x, p):
+        y, vjp = jax.vjp(f, x, p)
+        return y, vjp(g)
+
+    return jax.jit(run).lower(x, p).compile()
+
+
+def test_gpt2_bf16_attention_runs_the_fused_qkv_core():
+    """Reference: the sliced composition (projection, causal_attention on qkv[:, :, i], output
+    projection): gpt2.Attention under bf16 gives the same output and gradients bit for bit, and
+    its compiled vjp has no (B, T, 3, N, Hd) pad (the sliced one has 3: dq, dk, dv padded and
+    summed). fp32 keeps the sliced core (measured slower fused: benchmarks/README.md): 3 pads."""
+    mc = ModelConfig(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64)
+    b, t, n, hd = 2, 16, mc.n_head, mc.head_dim
+    p = jax.tree.map(lambda a: jnp.asarray(a[0]), gpt2.init_params(mc, 0)["h"]["attn"])  # layer 0
+    rng = np.random.default_rng(1)
+    x, g = (_bf(rng.standard_normal((b, t, mc.n_embd))) for _ in range(2))
+    new, old = (_attention_and_grads(mc, get_policy("bf16"), p, x, g, s) for s in (False, True))
+    fp32 = _attention_and_grads(mc, get_policy("fp32"), p, x.astype(F32), g.astype(F32), False)
+    pads = [len(re.findall(rf"= \w+\[{b},{t},3,{n},{hd}\]\S* pad\(", c.as_text())) for c in (new, old, fp32)]
+    assert pads == [0, 3, 3], pads
+    got, want = jax.tree.leaves(new(x, p)), jax.tree.leaves(old(x, p))
+    assert len(got) == len(want) == 6
+    assert all(np.abs(np.asarray(a, F32)).max() > 1e-3 for a in got)  # no all-zero gradient
+    for a, r in zip(got, want, strict=True):
+        assert a.dtype == r.dtype and np.array_equal(np.asarray(a, F32), np.asarray(r, F32))

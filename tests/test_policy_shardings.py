@@ -3,7 +3,7 @@
 One subprocess (the device count must be set before JAX initialises) lowers and compiles the
 step and reports; the tests below assert on its JSON:
 
-* golden snapshot of the step's key activation shardings (residual stream, q/k/v, MLP hidden,
+* golden snapshot of the step's key activation shardings (residual stream, qkv, MLP hidden,
   logits) per strategy, read from the sharding constraints of the lowered step (what the SPMD
   partitioner must honour), next to the parameter golden in tests/golden/. A rule table that
   drops an axis (e.g. `batch` split over `data` only, not `data` and `fsdp`) computes the same
@@ -39,7 +39,8 @@ GOLDEN_COMPILED = os.path.join(os.path.dirname(__file__), "golden", "gpt2_compil
 B, T = 8, 32  # gpt2-tiny: D=128, N=4, head_dim=32, F=512, V=256 -> every key activation has its own shape
 ACTIVATIONS = {  # lowered tensor type -> (name, logical axes)
     "8x32x128xbf16": "residual (batch, seq, embed)",
-    "8x32x4x32xbf16": "q/k/v (batch, seq, heads, head_dim)",
+    "8x32x4x32xbf16": "q/k/v (batch, seq, heads, head_dim)",  # the sliced core: fp32, dropout, GPU
+    "8x32x3x4x32xbf16": "qkv (batch, seq, -, heads, head_dim)",  # bf16 CPU: mixed_attention.causal_attention_qkv
     "8x32x512xbf16": "mlp hidden (batch, seq, mlp)",
     "8x32x256xf32": "logits (batch, seq, vocab)",
 }

@@ -48,7 +48,7 @@ from jaxpar.activations import gelu_tanh
 from jaxpar.config import ModelConfig, Remat
 from jaxpar.layernorm import layer_norm
 from jaxpar.logical import constrain
-from jaxpar.mixed_attention import causal_attention
+from jaxpar.mixed_attention import causal_attention, causal_attention_qkv
 from jaxpar.precision import Policy, get_policy
 from jaxpar.softmax import causal_softmax
 
@@ -145,17 +145,32 @@ class Attention(nnx.Module):
         pol = self.policy
         # (B, T, D) x (D, 3, N, Hd) -> (B, T, 3, N, Hd)
         qkv = pol.linear("btd,dcnh->btcnh", x, self.c_attn.weight[...], self.c_attn.bias[...])
-        q, k, v = (constrain(qkv[:, :, i], ("batch", "seq", "heads", "head_dim")) for i in range(3))
         k1 = None
         if key is not None:
             k1, key = jax.random.split(key)
-        # selective remat saves q, k, v and o only: the (B, N, T, T) scores and probs are recomputed
-        core = self._core if self.impl == "einsum" else self._sdpa
-        core = jax.checkpoint(core, prevent_cse=False) if self.remat_core else core
-        o = core(q, k, v, k1)
+        # selective remat saves qkv (or q, k, v) and o only: the (B, N, T, T) scores and probs are recomputed
+        if self._fused_core(key):
+            # bf16 CPU core on the fused projection: q, k, v are sliced inside its custom VJP, so
+            # d(qkv) is one stack instead of three zero-padded slices summed (jaxpar.mixed_attention)
+            def core(qkv):  # (B, T, 3, N, Hd) -> (B, T, N, Hd)
+                return causal_attention_qkv(qkv, pol.compute_dtype)
+
+            core = jax.checkpoint(core, prevent_cse=False) if self.remat_core else core
+            o = core(constrain(qkv, ("batch", "seq", None, "heads", "head_dim")))
+        else:
+            q, k, v = (constrain(qkv[:, :, i], ("batch", "seq", "heads", "head_dim")) for i in range(3))
+            core = self._core if self.impl == "einsum" else self._sdpa
+            core = jax.checkpoint(core, prevent_cse=False) if self.remat_core else core
+            o = core(q, k, v, k1)
         # (B, T, N, Hd) x (N, Hd, D) -> (B, T, D): row-parallel under tensor sharding
         y = pol.linear("btnh,nhd->btd", o, self.c_proj.weight[...], self.c_proj.bias[...])
         return _dropout(y, self.dropout, key)
+
+    def _fused_core(self, key) -> bool:
+        """The fused-qkv core for bf16 only: measured in fp32 it made the step slower (0.985x small,
+        0.988x mid; bf16 1.06-1.10x faster), so fp32 keeps q, k, v sliced (benchmarks/README.md, sixth pass)."""
+        return (self.impl == "einsum" and self.policy.attention_core and self.policy.compute_dtype == jnp.bfloat16
+                and (key is None or self.dropout == 0.0))
 
     def _sdpa(self, q, k, v, key):  # jax.nn.dot_product_attention (no dropout: see attention_impl)
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.impl)
