@@ -145,14 +145,14 @@ def brief(e) -> dict | None:
             "memory_breakdown_gib": {k: v / 2**30 for k, v in e.memory.items() if k != "total"}}
 
 
-def pick_megatron_engine(r, dev):
+def pick_megatron_engine(r, dev, seq_parallel: bool = False):
     """What-if: the planner's pick if jaxpar had Megatron-LM's pipeline engine and placement
     (SearchSpace(engine=, order=)), microbatches up to the batch (the default space stops at 64;
     the published 1T runs use 512)."""
     from jaxpar.planner.cost import MEGATRON_ORDER
     from jaxpar.planner.search import SearchSpace, search
 
-    space = SearchSpace(order=MEGATRON_ORDER, engine="megatron", max_microbatches=r.batch)
+    space = SearchSpace(order=MEGATRON_ORDER, engine="megatron", max_microbatches=r.batch, seq_parallel=seq_parallel)
     return search(workload(r), r.gpus, dev, dev.memory, space).best
 
 
@@ -285,7 +285,8 @@ def evaluate_2022(r: Row2022, dev, order, engine: str):
     from jaxpar.planner.cost import Strategy, estimate
 
     remat = "selective" if engine == "megatron" or r.pipe == 1 else "full"
-    s = Strategy(1, 1, r.tensor, r.pipe, r.microbatches, 1, remat, order=order, engine=engine)
+    s = Strategy(1, 1, r.tensor, r.pipe, r.microbatches, 1, remat, order=order, engine=engine,
+                 seq_parallel=engine == "megatron")
     return estimate(workload(r), s, dev, dev.memory)
 
 
@@ -299,7 +300,7 @@ def run_row_2022(r: Row2022, dev) -> dict:
     jx_mg = evaluate_2022(r, dev, MEGATRON_ORDER, "jaxpar")
     res = search(workload(r), r.gpus, dev, dev.memory)
     pick = res.best
-    pick_eng = pick_megatron_engine(r, dev)
+    pick_eng = pick_megatron_engine(r, dev, seq_parallel=True)  # Korthikanti et al. ran sequence parallelism
     return {"row": r.name, "heads": r.heads, "hidden": r.hidden, "layers": r.layers, "tensor": r.tensor,
             "pipe": r.pipe, "gpus": r.gpus, "batch": r.batch, "micro_batch": r.micro,
             "microbatches": r.microbatches, "published_mfu_paper_flops": r.mfu, "published_iter_s": r.iter_s,
