@@ -342,7 +342,7 @@ MUTANTS: list[Mutant] = [
            'add("ppermute", "pipe", ppermute(unit, alpha, bw), 2 * iters)',
            "the Megatron-engine what-if sends the whole stage output per tensor rank (no scatter/gather p2p)",
            (T + "test_planner_published.py",)),
-    Mutant("megatron_sp_activations_not_split", "planner-cost", "jaxpar/planner/cost.py",
+    Mutant("megatron_sp_activations_not_split", "planner-cost", "jaxpar/planner/activations.py",
            "sp = t if megatron and seq_parallel else 1",
            "sp = 1",
            "the Megatron-engine what-if's sequence parallelism leaves LayerNorm/dropout activations whole (not /t)",
