@@ -145,14 +145,14 @@ def brief(e) -> dict | None:
             "memory_breakdown_gib": {k: v / 2**30 for k, v in e.memory.items() if k != "total"}}
 
 
-def pick_megatron_engine(r, dev):
+def pick_megatron_engine(r, dev, seq_parallel: bool = False):
     """What-if: the planner's pick if jaxpar had Megatron-LM's pipeline engine and placement
     (SearchSpace(engine=, order=)), microbatches up to the batch (the default space stops at 64;
     the published 1T runs use 512)."""
     from jaxpar.planner.cost import MEGATRON_ORDER
     from jaxpar.planner.search import SearchSpace, search
 
-    space = SearchSpace(order=MEGATRON_ORDER, engine="megatron", max_microbatches=r.batch)
+    space = SearchSpace(order=MEGATRON_ORDER, engine="megatron", max_microbatches=r.batch, seq_parallel=seq_parallel)
     return search(workload(r), r.gpus, dev, dev.memory, space).best
 
 
@@ -277,15 +277,16 @@ def published_mfu_2022(r: Row2022) -> float:
 
 
 def evaluate_2022(r: Row2022, dev, order, engine: str):
-    """The published configuration under the cost model. With Megatron's engine its own
-    selective recompute (sequence parallelism is not modelled: its RS + AG move the bytes of the
-    all-reduce it replaces; it also splits LayerNorm/dropout work and memory by t, which the model
-    does not, so it errs slow). With jaxpar's engine what jaxpar would run: selective without a
-    pipeline; with one, pipeline.py re-runs every stage (a full recompute) whatever remat says."""
+    """The published configuration under the cost model. With Megatron's engine its own selective
+    recompute and sequence parallelism (cost.Strategy.seq_parallel, a what-if term: RS + AG of the
+    all-reduce's bytes, LayerNorm/dropout activations and traffic split by t). With jaxpar's engine
+    what jaxpar would run: selective without a pipeline; with one, pipeline.py re-runs every stage
+    (a full recompute) whatever remat says; no sequence parallelism."""
     from jaxpar.planner.cost import Strategy, estimate
 
     remat = "selective" if engine == "megatron" or r.pipe == 1 else "full"
-    s = Strategy(1, 1, r.tensor, r.pipe, r.microbatches, 1, remat, order=order, engine=engine)
+    s = Strategy(1, 1, r.tensor, r.pipe, r.microbatches, 1, remat, order=order, engine=engine,
+                 seq_parallel=engine == "megatron")
     return estimate(workload(r), s, dev, dev.memory)
 
 
@@ -299,7 +300,7 @@ def run_row_2022(r: Row2022, dev) -> dict:
     jx_mg = evaluate_2022(r, dev, MEGATRON_ORDER, "jaxpar")
     res = search(workload(r), r.gpus, dev, dev.memory)
     pick = res.best
-    pick_eng = pick_megatron_engine(r, dev)
+    pick_eng = pick_megatron_engine(r, dev, seq_parallel=True)  # Korthikanti et al. ran sequence parallelism
     return {"row": r.name, "heads": r.heads, "hidden": r.hidden, "layers": r.layers, "tensor": r.tensor,
             "pipe": r.pipe, "gpus": r.gpus, "batch": r.batch, "micro_batch": r.micro,
             "microbatches": r.microbatches, "published_mfu_paper_flops": r.mfu, "published_iter_s": r.iter_s,
@@ -319,12 +320,12 @@ def markdown_2022(rows: list[dict]) -> str:
     out = ["", "## Korthikanti et al. 2022: sequence parallelism + selective recompute", "",
            f"MFU: {SRC_2022_MFU}. Configuration: {SRC_2022_CONFIG}.", "",
            "(a) Megatron = the published configuration (d=1, M = batch / micro-batch, R=1) in the published placement "
-           "with Megatron's pipeline engine and selective recompute (cost.Strategy.engine='megatron'; sequence "
-           "parallelism not modelled). (a) jaxpar = what jaxpar would run (its placement, its pipeline: every stage "
+           "with Megatron's pipeline engine and layer, selective recompute and sequence parallelism "
+           "(cost.Strategy.engine='megatron', seq_parallel=True: what-ifs jaxpar cannot run). (a) jaxpar = what jaxpar would run (its placement, its pipeline: every stage "
            "re-run; no sequence parallelism). (b) = the planner's pick (jaxpar, must fit 80 GiB).", "",
            "| row | d×f×t×p, M | published MFU (model FLOPs) | (a) Megatron | err | memory | (a) jaxpar | err | memory "
            "| (b) pick | (b) MFU | (b) ≤ (a) jaxpar | (b) ≤ (a) Megatron | (b'') pick with Megatron's engine + "
-           "placement | (b'') ≤ (a) Megatron |",
+           "placement + SP | (b'') ≤ (a) Megatron |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         e, j, pk = x["published_megatron_engine"], x["published_jaxpar"], x["pick"]
@@ -369,8 +370,10 @@ def markdown(rows: list[dict], dev) -> str:
            "regardless of jaxpar's memory (its jaxpar memory per device in brackets: jaxpar's GPipe/circular scan keeps "
            "every microbatch's stage input and the replica batch embedded twice, Megatron's 1F1B only p of them). before = the model before issue 15 (efficiency 0.55, no GPU "
            "elementwise term, jaxpar's placement); placement = the published placement alone; after = all changes. "
-           "+ engine = after, costed with Megatron-LM's pipeline engine (1F1B memory, embedding/head on the end "
-           "stages, scatter/gather p2p: cost.Strategy.engine, a what-if jaxpar cannot run). "
+           "+ engine = after, costed with Megatron-LM's pipeline engine and layer (1F1B memory, embedding/head on "
+           "the end stages, scatter/gather p2p; recompute repeating both tensor all-reduces, Korthikanti et al. "
+           "2022 Table 2's activation count with dropout masks, scores and RowParallelLinear outputs in the HBM "
+           "traffic: cost.Strategy.engine, a what-if jaxpar cannot run; no sequence parallelism in 2021). "
            "(a) 1f1b = the published mesh and M as jaxpar's pipeline.schedule=1f1b runs them (R = 1, so the "
            "interleaved rows lose their virtual stages; 2S-1 stage inputs in flight, embedding/head per microbatch "
            "on the end stages), with its memory. "

@@ -58,6 +58,14 @@ from dataclasses import dataclass, field
 from jaxpar.config import ModelConfig
 from jaxpar.groups import GROUP_NAMES
 from jaxpar.parallel.partition import partition_layers
+from jaxpar.planner.activations import (  # noqa: F401  (re-exported: per-layer activation bytes)
+    DROPOUT_MASK_BYTES,
+    LN_STATS_BYTES,
+    MLP_UNITS,
+    QKVO_UNITS,
+    REP_UNITS,
+    layer_activation_bytes,
+)
 from jaxpar.planner.devices import DeviceSpec
 
 GROUPS = GROUP_NAMES  # the OSDP groups (jaxpar.groups)
@@ -115,6 +123,9 @@ class Strategy:
     # microbatches in flight, ×(1 + (p-1)/(p·R)) interleaved), embedding on stage 0 and head on
     # stage p-1 (no pipe gather/broadcast), and the scatter/gather p2p of Narayanan et al. 2021
     # §4.1 (each tensor rank sends 1/t of the stage output, then an all-gather over tensor).
+    # Also Megatron's layer, with or without a pipeline: recompute re-runs both tensor all-reduces,
+    # Korthikanti et al.'s activation count (layer_activation_bytes(megatron=True)) and the scores /
+    # RowParallelLinear outputs it writes without keeping in the GPU traffic term.
     engine: str = "jaxpar"
     # pipeline.gather: when a pipeline all-gathers its fsdp-sharded block weights. "step": the
     # whole stage once per step, kept for the loop and backward (3 fp32 stage copies at the
@@ -126,8 +137,16 @@ class Strategy:
     # parallel/pipeline_1f1b.py (R = 1 only): each stage interleaves one microbatch's backward
     # with later forwards, keeping at most 2S-1 stage inputs instead of every microbatch's.
     schedule: str = "gpipe"
+    # Sequence parallelism (Korthikanti et al. 2022 §4.2.2), a term of the Megatron-engine what-if
+    # only (jaxpar has none; Strategy(engine="jaxpar", seq_parallel=True) is rejected): the
+    # LayerNorm / dropout regions run on T/t sequence shards, so their activations (and traffic) are
+    # split over tensor too, and each tensor all-reduce becomes a reduce-scatter + all-gather of equal
+    # total bytes.
+    seq_parallel: bool = False
 
     def __post_init__(self):
+        if self.seq_parallel and self.engine != "megatron":
+            raise ValueError(f"seq_parallel is a term of the Megatron-engine what-if only, got engine={self.engine!r}")
         if self.schedule == "1f1b":
             if self.repeats != 1 or self.gather != "step":
                 raise ValueError(f"schedule 1f1b runs one repeat and gathers a stage's weights once per step, "
@@ -225,53 +244,6 @@ def axis_bandwidths(dev: DeviceSpec, s: Strategy) -> dict[str, float]:
     return {a: dev.bandwidth if n <= dev.node_size else dev.inter_bandwidth for a, n in spans.items()}
 
 
-# ----------------------------------------------------------------------------- activations
-
-# Residuals jaxpar's GPT-2 layer scan saves for backward, per T·b·D elements, counted with
-# jax.ad_checkpoint.print_saved_residuals (tests/test_model_residuals.py pins the list,
-# tests/test_planner_cost.py::test_layer_activations_match_the_census this formula). Per layer,
-# shapes (b, T, ...), compute dtype unless fp32 is written:
-#   (b, T, D)     ln_1 input, ln_1 output, ln_2 input, ln_2 output     REP_UNITS, replicated over t
-#   (b, T, 1)     fp32 mean and rstd of ln_1 and ln_2                  LN_STATS_BYTES per token
-#   (b, T, N, Hd) q, k, v, attention output                             QKVO_UNITS, split over t
-#   (b, T, 4D)    c_fc output, GELU output                              MLP_UNITS, split over t
-#   (b, N, T, T)  fp32 softmax probs (jaxpar.softmax / mixed_attention save nothing else); on GPUs
-#                 in bf16 the einsum core also keeps their bf16 copy (probs·V's operand)
-# jaxpar.layernorm's hand-written backward saves x + 2 fp32 stats where autodiff kept six fp32
-# (b, T, D) intermediates (recounted 2026-11-23, issue 12 residual diet). On GPUs in bf16 the
-# scan also saves each layer's compute-dtype weight casts: `estimate` adds those separately.
-REP_UNITS = 4  # compute dtype: ln_1 / ln_2 inputs and outputs, replicated over tensor
-LN_STATS_BYTES = 16  # per token: fp32 mean + rstd of ln_1 and ln_2, replicated over tensor
-QKVO_UNITS = 4  # q, k, v, attention output (split over tensor)
-MLP_UNITS = 8  # c_fc out + GELU out, 2 × 4D (split over tensor)
-
-
-def layer_activation_bytes(w: Workload, b: float, t: int, remat: str, mlp_chunks: int,
-                           cb: int | None = None, probs_copy: bool | None = None) -> tuple[float, float]:
-    """(saved, live) bytes of one layer for one microbatch of b rows on one device.
-
-    saved = T·b·(D·cb·(4 + 12/t) + 16) + N·T²·b/t·(4 + cb·probs_copy)        (remat=none)
-    cb is the dtype of the saved activations, probs_copy whether the compute-dtype copy of the
-    fp32 probs is saved too (default: cb < 4, jaxpar's einsum core in bf16 on GPU; XLA:CPU's
-    attention core and fp32 keep the fp32 probs only). Flash attention keeps only the fp32 row
-    statistics N·T·b/t·8 instead. selective drops the T² term, mlp_chunks > 1 drops the MLP units
-    (both recomputed), full keeps only the block input T·b·D·cb. `live` is everything the layer
-    holds while it runs (recompute peak)."""
-    T, D, N = w.seq_len, w.model.n_embd, w.model.n_head
-    cb = w.cb if cb is None else cb
-    probs_copy = cb < 4 if probs_copy is None else probs_copy
-    sbh = T * b * D
-    rep = sbh * REP_UNITS * cb + T * b * LN_STATS_BYTES
-    qkvo = sbh * QKVO_UNITS * cb / t
-    mlp = sbh * MLP_UNITS * cb / t
-    attn = N * T * b / t * 8 if w.attention == "flash" else N * T * T * b / t * (4 + (cb if probs_copy else 0))
-    live = rep + qkvo + mlp + attn
-    if remat == "full":
-        return sbh * cb, live
-    saved = rep + qkvo + (mlp if mlp_chunks == 1 else 0.0) + (attn if remat == "none" else 0.0)
-    return saved, live
-
-
 # ----------------------------------------------------------------------------- the estimate
 
 
@@ -298,6 +270,8 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     # pipeline.py always rematerialises whole stages and runs the layers inside without remat,
     # so an inner policy has no effect there.
     mg = S > 1 and s.engine == "megatron"  # what-if: Megatron-LM's pipeline engine (Strategy.engine)
+    mgl = s.engine == "megatron"  # ... and its layer, with or without a pipeline (dropout masks, 16-bit probs)
+    sp = mgl and s.seq_parallel and t > 1  # Megatron's sequence parallelism (what-if, Strategy.seq_parallel)
     one_f = S > 1 and s.schedule == "1f1b" and not mg  # parallel/pipeline_1f1b.py
     remat = "none" if S > 1 and not mg else s.remat
     alpha = dev.latency
@@ -327,7 +301,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
 
     # The layer scan saves its residuals in the compute dtype even on XLA:CPU (bf16 there too:
     # tests/test_model_residuals.py), and the bf16 copy of the probs only on GPUs (see above).
-    saved, live = layer_activation_bytes(w, b, t, remat, s.mlp_chunks, w.cb, dev.native_bf16 and w.cb < 4)
+    saved, live = layer_activation_bytes(w, b, t, remat, s.mlp_chunks, w.cb, dev.native_bf16 and w.cb < 4, mgl, sp)
     unit = T * b * D * cb  # one (b, T, D) activation in the compute dtype
     if S > 1:
         # pipeline.py: S·R virtual stages, padded to the largest (lmax layers); one scan of
@@ -440,14 +414,23 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         # Megatron: 2 fwd + 2 bwd all-reduces per layer; a re-forward adds one (measured in the HLO:
         # XLA reuses the other from the saved block input's path).
         # 1f1b: the forward and the re-run sit in different ticks, so the re-run repeats both (6).
-        n_ar = 4 + extra_fwd * (2 if one_f else 1)
+        # Megatron-LM (what-if): its recompute (mpu/random.py CheckpointFunction.backward) re-runs
+        # the layer's forward, both RowParallelLinear all-reduces included (6 under full recompute).
+        n_ar = 4 + extra_fwd * (2 if one_f or mgl else 1)
         # chunked_mlp sums the chunks' c_proj partial products in its scan carry, so XLA all-reduces
         # each chunk's (b, T, D) output over tensor (forward) and each chunk's input grad (backward):
         # 2·mlp_chunks MLP all-reduces per layer instead of 2 (seen in the HLO, row 19: trip count 16
         # = L·k in forward and backward).
         n_ar += 2 * (s.mlp_chunks - 1)
-        add("all-reduce", "tensor", all_reduce(t, unit, alpha, bws["tensor"]), layers_run * n_ar, layers_sent * n_ar)
-        add("all-reduce", "tensor", all_reduce(t, unit * head_rows_share, alpha, bws["tensor"]), 2 * M)
+        if sp:
+            # sequence parallelism: each all-reduce becomes a reduce-scatter + an all-gather of the
+            # same (b, T, D) tensor, equal total bytes (Korthikanti et al. 2022 §4.2.2); the head's too
+            for kind in ("reduce-scatter", "all-gather"):
+                add(kind, "tensor", all_gather(t, unit, alpha, bws["tensor"]), layers_run * n_ar, layers_sent * n_ar)
+                add(kind, "tensor", all_gather(t, unit * head_rows_share, alpha, bws["tensor"]), 2 * M)
+        else:
+            add("all-reduce", "tensor", all_reduce(t, unit, alpha, bws["tensor"]), layers_run * n_ar, layers_sent * n_ar)
+            add("all-reduce", "tensor", all_reduce(t, unit * head_rows_share, alpha, bws["tensor"]), 2 * M)
     vc = s.vocab_chunks
     wte = V * D / t  # tied wte elements per tensor shard
     # chunked_cross_entropy closes over wte inside its lax.scan, so XLA reduces the logits part of
@@ -540,7 +523,8 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         bw = bws["pipe"]
         if mg:  # scatter/gather p2p: 1/t of the output per tensor rank, re-assembled over tensor
             add("ppermute", "pipe", ppermute(unit / t, alpha, bw), 2 * iters)
-            add("all-gather", "tensor", all_gather(t, unit, alpha, bws["tensor"]), 2 * iters)
+            if not sp:  # with sequence parallelism the stage output is already a T/t shard: no re-assembly
+                add("all-gather", "tensor", all_gather(t, unit, alpha, bws["tensor"]), 2 * iters)
         else:
             add("ppermute", "pipe", ppermute(unit, alpha, bw), 2 * iters)
         if R > 1 and not mg:  # circular re-layout: (R-1)/R of the stage's block params move, and their grads back
@@ -572,11 +556,22 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         # (remat=full, a pipeline's stage re-run) adds 2, selective adds 2 over the attention core,
         # mlp_chunks 2 over the MLP. The head's fp32 logits / log-probs / grads: 5 passes (+2 for
         # vocab_chunks' recompute).
-        _, live_none = layer_activation_bytes(w, b, t, "none", 1, cb)
+        _, live_none = layer_activation_bytes(w, b, t, "none", 1, cb, None, mgl, sp)
         passes = 5 + 2 * extra_fwd
         layer_bytes = passes * live_none
         if remat == "selective":
-            layer_bytes += 2 * (live_none - layer_activation_bytes(w, b, t, "selective", 1, cb)[0])
+            layer_bytes += 2 * (live_none - layer_activation_bytes(w, b, t, "selective", 1, cb, None, mgl, sp)[0])
+        if mgl:
+            # Megatron-LM's layer (what-if) also produces tensors it does not keep, which the count
+            # above (what a layer keeps) misses: the attention scores torch.baddbmm writes as
+            # (b·np, s, s) in 16 bits for the fused softmax to read (its backward needs only the
+            # probs), and the two RowParallelLinear outputs that bias-dropout-add reads (its backward
+            # needs only the mask) (megatron/model/transformer.py at de7dc40f88). Each is written and
+            # read in forward and in every forward recompute, and its gradient written and read in
+            # backward: 4 + 2 per recompute passes (selective re-runs the scores: +2).
+            scores = m.n_head * T * T * b / t * cb
+            row_out = 2 * T * b * D * cb
+            layer_bytes += (4 + 2 * extra_fwd) * (scores + row_out) + (2 * scores if remat == "selective" else 0)
         if s.mlp_chunks > 1:
             layer_bytes += 2 * T * b * D * cb * MLP_UNITS / t
         head_bytes = (5 + 2 * (vc > 1)) * 2 * T * b * V * 4 / t * head_rows_share

@@ -74,6 +74,7 @@ class SearchSpace:
     order: tuple[str, ...] = JAXPAR_ORDER
     # pipeline engine (cost.Strategy.engine); "megatron" is a what-if jaxpar cannot run
     engine: str = "jaxpar"
+    seq_parallel: bool = False  # Megatron's sequence parallelism (cost.Strategy.seq_parallel, engine="megatron" only)
     gathers: tuple[str, ...] = ("step", "layer")  # pipeline.gather values tried (pipe > 1, fsdp > 1)
 
 
@@ -180,10 +181,12 @@ def meshes(w: Workload, n_devices: int, pipeline: bool = True,
     return out
 
 
-def _lower_bound(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec) -> float:
-    """Compute-only step time with M=1, no remat and a perfect pipeline: never above the real estimate."""
+def _lower_bound(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec, engine: str = "jaxpar",
+                 seq_parallel: bool = False) -> float:
+    """Compute-only step time with M=1, no remat and a perfect pipeline: never above the real estimate
+    (of the same engine: Megatron's layer, a what-if, has its own activation count and traffic)."""
     d, f, t, p = mesh
-    e = estimate(w, Strategy(d, f, t, 1), dev, detail=False)
+    e = estimate(w, Strategy(d, f, t, 1, engine=engine, seq_parallel=seq_parallel), dev, detail=False)
     # Same replica batch without the pipeline, M=1 (largest, most efficient matmuls), no remat:
     # its compute and tensor all-reduces spread perfectly over p stages bound any real plan. So
     # does a GPU's HBM traffic (linear in rows, fewest passes without remat), but not the cpu
@@ -290,7 +293,10 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
     t0 = time.perf_counter()
     space = fixed.restrict(space)
     all_meshes = meshes(w, n_devices, space.pipeline or fixed.needs_pipeline or (fixed.pipe or 1) > 1, fixed)
-    order = sorted(all_meshes, key=lambda mh: _lower_bound(w, mh, dev))
+    def bound(mh):
+        return _lower_bound(w, mh, dev, space.engine, space.seq_parallel)
+
+    order = sorted(all_meshes, key=bound)
     best: dict[tuple, Estimate] = {}
     evaluated, lightest = 0, None
 
@@ -302,7 +308,7 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
 
     floored = 0
     for mesh in order:
-        if _lower_bound(w, mesh, dev) > kth:
+        if bound(mesh) > kth:
             break  # every later mesh has an even larger lower bound
         one_f = any(sc == "1f1b" for _, sc in _schedules(w, mesh[3], space, fixed))
         if floor_pruning and _memory_floor(w, mesh, dev, engine=space.engine,
@@ -325,7 +331,7 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
                         continue
                     ri, vc, mc = opt
                     s = Strategy(d, f, t, p, M, r, space.remat[ri], rep, vc, mc, space.order, space.engine,
-                                 gather, sched)
+                                 gather, sched, space.seq_parallel)
                     e = estimate(w, s, dev, memory_limit, detail=False)
                     evaluated += 1
                     if lightest is None or e.memory["total"] < lightest.memory["total"]:
