@@ -52,13 +52,16 @@ CALLS = 10
 PAGES = 8192 * 4096 * 4 // mmap.PAGESIZE  # the temporary's base pages: 32768 of 4 KiB
 
 
+def probe_env() -> dict:
+    """The probes compare glibc's own malloc defaults with jaxpar's: no malloc tunables from the
+    environment (GLIBC_TUNABLES, MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_, ...)."""
+    return {k: v for k, v in clean_env().items() if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
+
+
 def faults_and_growth(mode: str) -> tuple[int, int]:
     """(minor page faults, pages the main malloc heap grew by) over CALLS calls after 2 warm-up calls,
     in a fresh process."""
-    # glibc's own defaults against jaxpar's: no malloc tunables from the environment (GLIBC_TUNABLES,
-    # MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_, ...) in the probe
-    env = {k: v for k, v in clean_env().items() if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
-    r = subprocess.run([sys.executable, "-c", PROBE.replace("CALLS", str(CALLS)), mode], env=env,
+    r = subprocess.run([sys.executable, "-c", PROBE.replace("CALLS", str(CALLS)), mode], env=probe_env(),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     growth, faults = map(int, r.stdout.split())
@@ -108,7 +111,7 @@ def test_the_cli_applies_the_settings_before_jax_starts():
     runs it), a 64 MiB malloc comes from the heap (no mmap'd bytes added); without the CLI
     (baseline), glibc mmaps it. The settings were applied once, before any JAX backend existed."""
     def probe(mode: str) -> str:
-        r = subprocess.run([sys.executable, "-c", CLI_PROBE, mode], env=clean_env(), capture_output=True,
+        r = subprocess.run([sys.executable, "-c", CLI_PROBE, mode], env=probe_env(), capture_output=True,
                            text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         return r.stderr.strip().splitlines()[-1]
