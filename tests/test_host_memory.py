@@ -4,10 +4,17 @@ at every call (issue 12: 0.34-0.42 s of kernel time per mid-config fp32 step bef
 Each case is its own process (the malloc settings are process-wide and must precede JAX's CPU
 client). The probe's (8192, 4096) fp32 matmul output (128 MiB) is a temporary of the executable;
 first-touching it costs 32768 minor faults of 4 KiB, which the baseline process must show, so
-the probe cannot pass by having no large temporary."""
+the probe cannot pass by having no large temporary.
+
+Pages are the kernel's base pages in every case: the probe turns transparent huge pages off for
+itself (prctl PR_SET_THP_DISABLE) and runs without the environment's malloc tunables. Where THP is
+`always` (the default of several distributions; here it is `madvise`), a 128 MiB mapping faults in
+as 64 huge pages, not 32768 base pages, and the baseline below would read 756 faults in 10 calls
+(measured here by having glibc advise huge pages: GLIBC_TUNABLES=glibc.malloc.hugetlb=1)."""
 
 from __future__ import annotations
 
+import mmap
 import subprocess
 import sys
 
@@ -15,7 +22,7 @@ import pytest
 from cli_helpers import clean_env
 
 MALLINFO2 = """
-import ctypes
+import ctypes, mmap
 class MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2: ten size_t counters
     _fields_ = [(n, ctypes.c_size_t) for n in
                 "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
@@ -25,6 +32,8 @@ libc.mallinfo2.restype, libc.malloc.restype = MallInfo2, ctypes.c_void_p
 
 PROBE = MALLINFO2 + """
 import resource, sys
+libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+assert libc.prctl(41, 1, 0, 0, 0) == 0  # PR_SET_THP_DISABLE: base pages only, whatever the host's THP mode
 if sys.argv[1] == "keep":
     from jaxpar.host_memory import keep_freed_memory
     assert keep_freed_memory()
@@ -36,17 +45,23 @@ for _ in range(2):
 arena0, faults0 = libc.mallinfo2().arena, resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(CALLS):
     f(a, b).block_until_ready()
-# heap growth in 4 KiB pages, page faults
-print((libc.mallinfo2().arena - arena0) // 4096, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0)
+# heap growth in base pages, page faults
+print((libc.mallinfo2().arena - arena0) // mmap.PAGESIZE, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0)
 """
 CALLS = 10
-PAGES = 32768  # the temporary's 4 KiB pages
+PAGES = 8192 * 4096 * 4 // mmap.PAGESIZE  # the temporary's base pages: 32768 of 4 KiB
+
+
+def probe_env() -> dict:
+    """The probes compare glibc's own malloc defaults with jaxpar's: no malloc tunables from the
+    environment (GLIBC_TUNABLES, MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_, ...)."""
+    return {k: v for k, v in clean_env().items() if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
 
 
 def faults_and_growth(mode: str) -> tuple[int, int]:
     """(minor page faults, pages the main malloc heap grew by) over CALLS calls after 2 warm-up calls,
     in a fresh process."""
-    r = subprocess.run([sys.executable, "-c", PROBE.replace("CALLS", str(CALLS)), mode], env=clean_env(),
+    r = subprocess.run([sys.executable, "-c", PROBE.replace("CALLS", str(CALLS)), mode], env=probe_env(),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     growth, faults = map(int, r.stdout.split())
@@ -96,7 +111,7 @@ def test_the_cli_applies_the_settings_before_jax_starts():
     runs it), a 64 MiB malloc comes from the heap (no mmap'd bytes added); without the CLI
     (baseline), glibc mmaps it. The settings were applied once, before any JAX backend existed."""
     def probe(mode: str) -> str:
-        r = subprocess.run([sys.executable, "-c", CLI_PROBE, mode], env=clean_env(), capture_output=True,
+        r = subprocess.run([sys.executable, "-c", CLI_PROBE, mode], env=probe_env(), capture_output=True,
                            text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         return r.stderr.strip().splitlines()[-1]
