@@ -31,6 +31,7 @@ fp32: every tensor and every matmul in fp32, for exact comparisons (parity, shar
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import jax
@@ -62,12 +63,37 @@ def _mixed_fwd(spec, a, b, dtype):
     return mixed_einsum(spec, a, b, dtype), (a, b)
 
 
+def _weight_grad(spec: str, a, g):
+    """einsum(spec, a, g) -> fp32: the weight gradient `btf,btd->fd`, with a, g already in the dot dtype.
+
+    YNNPACK wants the LHS row-major with the contracting dim last, so XLA:CPU transposes the
+    (B*T, F) activation `a` into a copy first; that copy runs at ~0.5 GB/s inside the layer scan
+    (mid fp32: 171 ms of a ~1 s step for c_proj's (2048, 1536) gelu output). Computed as
+    (g^T a)^T instead, it transposes g (n*D elements) and the (D, F) result rather than a (n*F),
+    chosen when that is fewer elements. The optimization_barrier keeps XLA's simplifier from
+    folding the result's transpose back into the dot as a dim-0-contracting LHS, which YNNPACK
+    rejects: fp32 then runs in Eigen, bf16 fails at run time ("Unsupported element type for
+    DotThunk"). The same products summed in the same order: bit-identical (tests/test_fp32_dots.py).
+    """
+    ins, w = spec.split("->")
+    sa, sg = ins.split(",")
+    size = dict(zip(sa, a.shape)) | dict(zip(sg, g.shape))
+    n = math.prod(size[c] for c in sa if c not in w)  # contracted: B*T
+    fa = math.prod(size[c] for c in w if c in sa)  # the weight's dims from a (F)
+    fg = math.prod(size[c] for c in w if c not in sa)  # ... and from g (D)
+    if n * fg + fa * fg >= n * fa:
+        return jnp.einsum(spec, a, g, preferred_element_type=jnp.float32)
+    swapped = "".join(c for c in w if c not in sa) + "".join(c for c in w if c in sa)  # 'df'
+    r = jnp.einsum(f"{sg},{sa}->{swapped}", g, a, preferred_element_type=jnp.float32)
+    return jnp.transpose(jax.lax.optimization_barrier(r), [swapped.index(c) for c in w])
+
+
 def _mixed_bwd(spec, dtype, res, g):
     a, b = res
     ta, tb = _transpose_specs(spec)
     g = g.astype(dtype)
     da = jnp.einsum(ta, g, b.astype(dtype), preferred_element_type=jnp.float32)
-    db = jnp.einsum(tb, a.astype(dtype), g, preferred_element_type=jnp.float32)
+    db = _weight_grad(tb, a.astype(dtype), g)
     return da.astype(a.dtype), db.astype(b.dtype)
 
 
