@@ -31,6 +31,7 @@ fp32: every tensor and every matmul in fp32, for exact comparisons (parity, shar
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import jax
@@ -62,12 +63,45 @@ def _mixed_fwd(spec, a, b, dtype):
     return mixed_einsum(spec, a, b, dtype), (a, b)
 
 
+def _weight_grad(spec: str, a, g):
+    """einsum(spec, a, g) -> fp32: a weight gradient such as `btf,btd->fd`, a and g in the dot dtype.
+
+    YNNPACK wants the LHS row-major with the contracting dim last, so XLA:CPU makes the operand
+    that owns the weight's leading dim the LHS and copies it transposed, (B*T, F) -> (F, B*T), first;
+    inside the layer scan that copy runs at ~0.5 GB/s (mid fp32: c_proj's (2048, 1536) gelu output,
+    171 ms of a ~1 s step). The other operand order transposes the other operand plus the (D, F)
+    result instead; taken when that moves fewer elements (c_proj's dW when 4D < 3*B*T; never the
+    other weights at the configs we run). The optimization_barrier keeps XLA's simplifier from
+    folding the result's transpose back into the dot as a dim-0-contracting LHS, which YNNPACK
+    rejects (fp32 then runs in Eigen; bf16 fails at run time: "Unsupported element type for
+    DotThunk"). Same products, summed in another order by YNNPACK's blocking: fp32 within 4.4e-7
+    of the largest entry, bf16 operands bit-identical there (tests/test_weight_grad.py).
+    Assumes the contracted dims lead in both operands ((B, T, ...)), as in every model matmul.
+    """
+    ins, w = spec.split("->")
+    sa, sg = ins.split(",")
+    size = dict(zip(sa, a.shape)) | dict(zip(sg, g.shape))
+    n = math.prod(size[c] for c in sa if c not in w)  # contracted: B*T
+    fa = math.prod(size[c] for c in w if c in sa)  # the weight's dims from a (F)
+    fg = math.prod(size[c] for c in w if c not in sa)  # ... and from g (D)
+    a_first = w[0] in sa  # XLA's LHS, the operand it copies transposed: a for 'fd'
+    if n * (fg if a_first else fa) + fa * fg >= n * (fa if a_first else fg):
+        return jnp.einsum(spec, a, g, preferred_element_type=jnp.float32)
+    wa, wg = "".join(c for c in w if c in sa), "".join(c for c in w if c not in sa)
+    if a_first:  # (g^T a)^T: 'btd,btf->df', then back to 'fd'
+        r = jnp.einsum(f"{sg},{sa}->{wg}{wa}", g, a, preferred_element_type=jnp.float32)
+    else:
+        r = jnp.einsum(f"{sa},{sg}->{wa}{wg}", a, g, preferred_element_type=jnp.float32)
+    order = wg + wa if a_first else wa + wg
+    return jnp.transpose(jax.lax.optimization_barrier(r), [order.index(c) for c in w])
+
+
 def _mixed_bwd(spec, dtype, res, g):
     a, b = res
     ta, tb = _transpose_specs(spec)
     g = g.astype(dtype)
     da = jnp.einsum(ta, g, b.astype(dtype), preferred_element_type=jnp.float32)
-    db = jnp.einsum(tb, a.astype(dtype), g, preferred_element_type=jnp.float32)
+    db = _weight_grad(tb, a.astype(dtype), g)
     return da.astype(a.dtype), db.astype(b.dtype)
 
 

@@ -25,16 +25,18 @@ from jaxpar.mixed_attention import causal_attention
 from jaxpar.models import gpt2
 from jaxpar.tolerances import FP32_DOTS_VS_PLAIN as TOL
 from tests.test_mixed_attention import _dots
+from tests.test_weight_grad import _transposes
 
 F32 = jnp.float32
 MC = dataclasses.replace(PRESETS["gpt2-tiny"], n_layer=1)
+T = 128  # B*T = 256 > 4D*3/4: c_proj's weight gradient takes the swapped operand order (precision._weight_grad)
 
 
 def _loss_and_grads(plain: bool):
-    """Compiled HLO, loss and gradients of gpt2-tiny (1 layer, B=2, T=32) in fp32, jitted; plain=True
+    """Compiled HLO, loss and gradients of gpt2-tiny (1 layer, B=2, T=128) in fp32, jitted; plain=True
     takes the path the policy takes off CPU (jnp.einsum weight matmuls, autodiff of the plain core)."""
     params = jax.tree.map(jnp.asarray, gpt2.init_params(MC, 0))
-    tok = jnp.asarray(np.random.default_rng(0).integers(0, MC.vocab_size, (2, 33)), jnp.int32)
+    tok = jnp.asarray(np.random.default_rng(0).integers(0, MC.vocab_size, (2, T + 1)), jnp.int32)
     with pytest.MonkeyPatch.context() as mp:
         if plain:
             mp.setattr(precision, "_fp32_out_dots", lambda: False)
@@ -58,6 +60,14 @@ def test_every_dot_of_the_fp32_step_is_a_ynnpack_dot(runs):
     assert dots == [("ynn", "f32", "f32", "f32")] * n_dots, sorted(set(dots))
     plain = _dots(runs["plain"][0])
     assert len(plain) == n_dots and plain.count(("xla", "f32", "f32", "f32")) == 3, plain
+
+
+def test_the_fp32_step_never_transposes_the_gelu_output(runs):
+    """c_proj's weight gradient transposes its (B, T, D) cotangent, not the (B, T, 4D) gelu output
+    (precision._weight_grad): no transpose in the step moves that many elements."""
+    shapes = _transposes(runs["new"][0])
+    assert (MC.n_embd, 2, T) in shapes, shapes
+    assert max(math.prod(s) for s in shapes) < 4 * MC.n_embd * 2 * T, shapes
 
 
 def test_fp32_loss_and_grads_equal_the_plain_path(runs):

@@ -246,14 +246,15 @@ class Block(nnx.Module):
         return constrain(x, ("batch", "seq", "embed"))
 
 
-def scan_unroll(policy: Policy, n_layer: int) -> int:
-    """How many layers one `lax.scan` iteration runs. bf16 on CPU: all of them, up to 12
-    (a Python-style layer loop; compile time grows with depth, hence the cap): measured
-    in one process, interleaved, loaded 2-core host, median s/step scan -> unrolled: 4L/128
-    0.30 -> 0.16, 6L/384 9.7 -> 6.2, GPT-2 124M (T256 B2) 23.2 -> 14.7. fp32 gained nothing
-    (0.43 -> 0.43, 13.1 -> 16.1), so it keeps the rolled scan (benchmarks/README.md)."""
-    cpu_bf16 = policy.compute_dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
-    return n_layer if cpu_bf16 and n_layer <= 12 else 1
+def scan_unroll(n_layer: int) -> int:
+    """How many layers one `lax.scan` iteration runs. On CPU: all of them, up to 12 (a
+    Python-style layer loop; compile time grows with depth, hence the cap). Measured in one
+    process, interleaved, loaded 2-core host, median CPU s/step scan -> unrolled: bf16 4L/128
+    0.30 -> 0.16, 6L/384 9.7 -> 6.2, GPT-2 124M (T256 B2) 23.2 -> 14.7; fp32 (once the weight
+    gradients stopped transposing the gelu output, precision._weight_grad) 1.15x, 1.10x, 1.03x
+    (before it mid was 1.04x: the transposed copies then fused the gelu recompute). Off CPU the
+    rolled scan (benchmarks/README.md)."""
+    return n_layer if jax.default_backend() == "cpu" and n_layer <= 12 else 1
 
 
 class GPT2(nnx.Module):
@@ -295,7 +296,7 @@ class GPT2(nnx.Module):
         if self.remat == Remat.FULL:  # only each block's input is saved for backward
             body = jax.checkpoint(body, prevent_cse=False)
         keys = None if key is None else jax.random.split(key, n)
-        x, _ = jax.lax.scan(body, x, (stacked, keys), unroll=scan_unroll(self.policy, n))
+        x, _ = jax.lax.scan(body, x, (stacked, keys), unroll=scan_unroll(n))
         return x
 
     def head(self, x):  # (B, T, D) -> (B, T, V) fp32 logits via the tied embedding

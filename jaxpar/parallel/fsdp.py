@@ -127,7 +127,7 @@ def make_fsdp_loss_fn(cfg: Config, mesh, lay: ParallelLayout) -> Callable:
         model = gpt2.GPT2(mc, {**outer, "h": params["h"]}, policy=policy, vocab_chunks=tc.vocab_chunks)
         with activation_rules(jax.sharding.get_abstract_mesh(), TP_RULES):
             x = model.embed(inputs)  # (b, T, D)
-            # rolled even where gpt2.scan_unroll unrolls (bf16 on CPU): unrolled, each layer's
+            # rolled even where gpt2.scan_unroll unrolls (on CPU): unrolled, each layer's
             # gathered weights were kept from forward to backward (measured: gather bytes = reduce-
             # scatter bytes, not 2x), i.e. every layer whole at once, not ZeRO-3 memory
             x, _ = jax.lax.scan(layer, x, params["h"])

@@ -1,0 +1,79 @@
+"""The weight gradient's operand order (jaxpar/precision.py `_weight_grad`).
+
+XLA:CPU copies the LHS of a weight-gradient dot transposed, (B*T, F) -> (F, B*T), before its
+YNNPACK dot; `_weight_grad` picks the operand order that transposes fewer elements. Pinned here
+per case: which arrays the compiled backward transposes (shapes of its `transpose` ops), every
+dot in YNNPACK, and both cotangents equal to the plain einsums' (dx bit-identical; dW the same
+products summed in another order, within FP32_DOTS_VS_PLAIN), in fp32 and, on a host with native
+bf16, in bf16.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxpar.precision import mixed_einsum
+from jaxpar.tolerances import FP32_DOTS_VS_PLAIN as TOL
+from jaxpar.tolerances import NATIVE_BF16
+from tests.test_mixed_attention import _dots
+
+B, T = 2, 96  # B*T = 192 contracted positions
+
+# (spec, a's feature shape, w's shape, shapes of the backward's transposes; the swapped forms' small
+# result transpose compiles to a layout copy at the top level, not a `transpose` op)
+CASES = {
+    # c_proj-like, 4D < 3*B*T: g (B,T,48) and the (48,160) result are transposed, not a (B,T,160)
+    "swap_a_first": ("btf,fd->btd", (160,), (160, 48), [(48, 2, 96)]),
+    # head-like, w = (V, D) with V's dims from g: a (B,T,32) and the (32,256) result, not g (B,T,256)
+    "swap_g_first": ("btd,vd->btv", (32,), (256, 32), [(32, 2, 96)]),
+    # c_fc-like, F = 4D from g: the plain order already transposes the smaller a (B,T,40)
+    "plain": ("btd,df->btf", (40,), (40, 160), [(40, 2, 96)]),
+    # F = 60 > D = 48, but g (B,T,48) plus the (48,60) result is more than a (B,T,60): plain
+    "plain_close": ("btf,fd->btd", (60,), (60, 48), [(60, 2, 96)]),
+}
+DTYPES = [jnp.float32] + ([jnp.bfloat16] if NATIVE_BF16 else [])
+
+
+def _transposes(hlo: str):
+    """Shapes of every `transpose` op in compiled HLO text, sorted."""
+    return sorted(tuple(int(d) for d in s.split(",")) for s in re.findall(r"= \w+\[([\d,]+)\]\{[\d,]*\} transpose\(", hlo))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("case", CASES)
+def test_weight_grad_order_transposes_the_smaller_operand_with_plain_values(case, dtype):
+    spec, feat, w_shape, transposed = CASES[case]
+    ins, out = spec.split("->")
+    sa, sw = ins.split(",")
+    rng = np.random.default_rng(len(case))
+    a = jnp.asarray(rng.standard_normal((B, T, *feat)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal(w_shape), jnp.float32)
+    g_shape = jax.eval_shape(lambda: jnp.einsum(spec, a, w)).shape
+    g = jnp.asarray(rng.standard_normal(g_shape), jnp.float32)
+
+    def grads(a, w, g):
+        return jax.vjp(lambda a, w: mixed_einsum(spec, a, w, dtype), a, w)[1](g)
+
+    step = jax.jit(grads)
+    hlo = step.lower(a, w, g).compile().as_text()
+    assert _transposes(hlo) == sorted(transposed)
+    dn = {jnp.float32: "f32", jnp.bfloat16: "bf16"}[dtype]
+    assert _dots(hlo) == [("ynn", "f32", dn, dn)] * 2  # dx and dW, both YNNPACK
+    da, dw = step(a, w, g)
+    ref_da = jax.jit(lambda g, w: jnp.einsum(f"{out},{sw}->{sa}", g.astype(dtype), w.astype(dtype),
+                                             preferred_element_type=jnp.float32))(g, w)
+    ref_dw = jax.jit(lambda a, g: jnp.einsum(f"{sa},{out}->{sw}", a.astype(dtype), g.astype(dtype),
+                                             preferred_element_type=jnp.float32))(a, g)
+    assert dw.dtype == jnp.float32 and dw.shape == w_shape
+    assert float(jnp.abs(ref_dw).max()) > 1  # real sums of 192 products, not zeros
+    np.testing.assert_array_equal(np.asarray(da), np.asarray(ref_da))  # dx: the same dot
+    err = float(jnp.abs(dw - ref_dw).max() / jnp.abs(ref_dw).max())
+    if case.startswith("plain"):
+        assert err == 0.0
+    else:  # YNNPACK blocks the swapped dot differently: the same products summed in another order
+        assert err <= TOL["grad"], err
