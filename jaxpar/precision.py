@@ -87,12 +87,10 @@ def _weight_grad(spec: str, a, g):
     a_first = w[0] in sa  # XLA's LHS, the operand it copies transposed: a for 'fd'
     if n * (fg if a_first else fa) + fa * fg >= n * (fa if a_first else fg):
         return jnp.einsum(spec, a, g, preferred_element_type=jnp.float32)
-    wa, wg = "".join(c for c in w if c in sa), "".join(c for c in w if c not in sa)
-    if a_first:  # (g^T a)^T: 'btd,btf->df', then back to 'fd'
-        r = jnp.einsum(f"{sg},{sa}->{wg}{wa}", g, a, preferred_element_type=jnp.float32)
-    else:
-        r = jnp.einsum(f"{sa},{sg}->{wa}{wg}", a, g, preferred_element_type=jnp.float32)
-    order = wg + wa if a_first else wa + wg
+    # the other operand on the LHS, its weight dims first ('btd,btf->df' for 'fd'), then back to w's order
+    (s1, x1), (s2, x2) = ((sg, g), (sa, a)) if a_first else ((sa, a), (sg, g))
+    order = "".join(c for c in w if c in s1) + "".join(c for c in w if c not in s1)
+    r = jnp.einsum(f"{s1},{s2}->{order}", x1, x2, preferred_element_type=jnp.float32)
     return jnp.transpose(jax.lax.optimization_barrier(r), [order.index(c) for c in w])
 
 
