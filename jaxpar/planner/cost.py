@@ -425,9 +425,11 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         if sp:
             # sequence parallelism: each all-reduce becomes a reduce-scatter + an all-gather of the
             # same (b, T, D) tensor, equal total bytes (Korthikanti et al. 2022 §4.2.2); the head's too
+            layer_cost = all_gather(t, unit, alpha, bws["tensor"])
+            head_cost = all_gather(t, unit * head_rows_share, alpha, bws["tensor"])
             for kind in ("reduce-scatter", "all-gather"):
-                add(kind, "tensor", all_gather(t, unit, alpha, bws["tensor"]), layers_run * n_ar, layers_sent * n_ar)
-                add(kind, "tensor", all_gather(t, unit * head_rows_share, alpha, bws["tensor"]), 2 * M)
+                add(kind, "tensor", layer_cost, layers_run * n_ar, layers_sent * n_ar)
+                add(kind, "tensor", head_cost, 2 * M)
         else:
             add("all-reduce", "tensor", all_reduce(t, unit, alpha, bws["tensor"]), layers_run * n_ar, layers_sent * n_ar)
             add("all-reduce", "tensor", all_reduce(t, unit * head_rows_share, alpha, bws["tensor"]), 2 * M)
