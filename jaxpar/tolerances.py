@@ -5,6 +5,8 @@ Never loosened to make a test pass: a comparison over its bound is a bug to find
 Every entry is `Bound(value, measured, why)`:
   * `measured`: the largest value of the compared quantity seen on this host kind (x86-64 with
     avx512_bf16 + amx_bf16, 2 cores; jax 0.10.2, torch 2.13.0), over every case the tests run;
+    every bound also holds on a second kind (AMD EPYC Zen 4, avx512_bf16 without AMX) except one
+    that was re-measured there and carries the larger of the two (`torchref.fp16wire.loss`);
   * `value` <= 4 x measured (tests/test_tolerances.py checks measured <= value <= 4 x measured;
     a comparison measured bitwise equal gets the bound 0).
     fp32 bounds are 4 x measured rounded down to one significant digit (so 2x-4x): an fp32
@@ -129,10 +131,13 @@ TABLE: dict[str, Bound] = {
                                                         "matmul is two products, each with two bf16-rounded operands: "
                                                         "four independent U_BF16 errors add in quadrature, "
                                                         "sqrt(4)*U_BF16 = 2*U_BF16 = 7.8e-3"),
-    "torchref.fp16wire.loss": Bound(6e-7, 1.83e-7, "horovod compression=fp16 vs fp32 single, 10 steps. The wire "
-                                                   "rounds each gradient to fp16 (2^-11 relative), but AdamW's first "
-                                                   "update is lr*sign(g) and later ones are normalised by sqrt(v), so "
-                                                   "the loss moves no more than under fp32 reordering: the fp32 bound"),
+    "torchref.fp16wire.loss": Bound(2e-6, 6.18e-7, "horovod compression=fp16 vs fp32 single, 10 steps. The wire "
+                                                   "rounds each gradient to fp16: 2^-11 relative for normal values, "
+                                                   "but gradients under fp16's normal range (6.1e-5) keep only their "
+                                                   "leading bits, and AdamW's sqrt(v) normalisation turns those into "
+                                                   "full-size (lr) updates of other size, so the loss moves more than "
+                                                   "under fp32 reordering: 1.83e-7 on the AMX host, 6.18e-7 on the AMD "
+                                                   "Zen 4 host (no AMX), whose gradients round differently"),
     # ----------------------------------------------------------------- parity_tests: jaxpar vs PyTorch
     # Single-device model parity (fp32): parity_tests/test_model_parity.py, gpt2-tiny and an odd shape.
     "parity.model.logits_abs": Bound(2e-6, 7.15e-7, "max |logit diff|; logits are O(1), fp32 rounding through 2-3 "
