@@ -28,7 +28,8 @@ def test_single_device_benchmark_micro(tmp_path):
     top = json.loads(out.read_text())
     assert set(top) == {"env", "configs"} and set(top["configs"]) == {"custom"}
     env = top["env"]
-    assert set(env) >= {"cpu_flags", "loadavg_before", "loadavg_after", "torch_native_bf16"}
+    assert set(env) >= {"cpu_flags", "cpu_model", "loadavg_before", "loadavg_after", "torch_native_bf16"}
+    assert env["cpu_model"] and env["cpu_model"] in open("/proc/cpuinfo").read()
     assert env["host_memory_kept"] is (sys.platform == "linux")  # glibc malloc keeps XLA:CPU temporaries mapped
     assert len(env["loadavg_before"]) == 3 and all(f in open("/proc/cpuinfo").read() for f in env["cpu_flags"])
     rep = top["configs"]["custom"]
