@@ -22,6 +22,8 @@ run with no readable step is a ConfigError (one `error:` line, exit 2).
 from __future__ import annotations
 
 import dataclasses
+import glob
+import logging
 import os
 import shutil
 import sys
@@ -34,6 +36,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxpar.config import ConfigError
+from jaxpar.writes import WriteFailed, describe, write_errno
 
 CKPT_DIR = "ckpt"
 QUARANTINE_DIR = "ckpt.corrupt"  # resume moves unreadable steps here, out of orbax's sight
@@ -93,11 +96,43 @@ class Checkpointer:
             items["opt_state"] = ocp.args.StandardSave(state["opt_state"])
             sums["opt_state"] = checksums(state["opt_state"])
         items["meta"] = ocp.args.JsonSave({**meta, "checksums": sums})
-        self.mngr.save(step, args=ocp.args.Composite(**items), force=True)
-        self.mngr.wait_until_finished()
+        absl_log, held = logging.getLogger("absl"), _Hold()
+        absl_log.addFilter(held)  # orbax logs a write thread's error, then raises it here: log it once
+        try:
+            self.mngr.save(step, args=ocp.args.Composite(**items), force=True)
+            self.mngr.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - orbax/tensorstore wrap OS errors in ValueError
+            code = write_errno(e)
+            if code is None:
+                held.release(absl_log)
+                raise
+            if jax.process_index() == 0:  # give the partial step's space back; it was never listed
+                for tmp in glob.glob(os.path.join(self.dir, f"{step}.orbax-checkpoint-tmp*")):
+                    shutil.rmtree(tmp, ignore_errors=True)
+            # `held` stays on: the step's other write threads may still log the same error.
+            raise WriteFailed(f"cannot write checkpoint {os.path.join(self.dir, str(step))}: {describe(code)}") from None
+        held.release(absl_log)
 
     def close(self) -> None:
         self.mngr.close()
+
+
+class _Hold(logging.Filter):
+    """Holds a logger's records back; `release` passes them on, unless a failed write (reported
+    as one `error:` line) means they only repeat it."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record):
+        self.records.append(record)
+        return False
+
+    def release(self, log: logging.Logger) -> None:
+        log.removeFilter(self)
+        for r in self.records:
+            log.handle(r)
 
 
 # ----------------------------------------------------------------------------- reading

@@ -1,7 +1,9 @@
 """`jaxpar <command> [--config FILE.yaml] [key=value ...]`.
 
 Exit codes: 0 success; 2 invalid configuration or input (one line `error: ...` on
-stderr, no traceback); anything else is an internal fault. JAX is imported only after
+stderr, no traceback); 3 a rank lost its peers (jaxpar.launch); 4 a write the storage
+refused, disk full or a quota (one `error:` line, jaxpar/writes.py); anything else is an
+internal fault. JAX is imported only after
 the arguments are parsed, so emulated CPU devices can be requested first.
 """
 
@@ -12,8 +14,9 @@ import os
 import sys
 
 from gpt2common.grammar import one_line
-from jaxpar import host_memory, xla_flags
+from jaxpar import host_memory, writes, xla_flags
 from jaxpar.config import ConfigError
+from jaxpar.writes import WriteFailed
 
 USAGE = """usage: jaxpar <command> [--config FILE.yaml] [key=value ...]
 
@@ -78,6 +81,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         _error_line(str(e))
         return 2
+    except WriteFailed as e:  # disk full / quota / file-size limit: jaxpar/writes.py
+        writes.silence_orphaned_writes()
+        _error_line(str(e))
+        return writes.WRITE_FAILED_EXIT
+    except OSError as e:  # the same, from a write outside the training loop (config.json, data, metrics)
+        if (code := writes.write_errno(e)) is None:
+            raise
+        _error_line(f"cannot write {e.filename or 'a file'}: {writes.describe(code)}")
+        return writes.WRITE_FAILED_EXIT
     except KeyboardInterrupt:
         _error_line("interrupted")
         return 130

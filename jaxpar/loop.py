@@ -27,6 +27,7 @@ from jaxpar.evaluation import mean_loss
 from jaxpar.launch import LOST_PEER_EXIT
 from jaxpar.layout import ParallelLayout
 from jaxpar.metrics import METRICS_FILE, MetricsLogger, truncate_after
+from jaxpar.writes import WriteFailed, write_text_atomic
 from jaxpar.models import gpt2
 from jaxpar.train import build_trainer, device_peak_flops, resolve_layout
 
@@ -183,8 +184,7 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
         print(f"jaxpar train: {cfg.model_name} ({cfg.model.num_params():,} params), mesh {dataclasses.asdict(cfg.mesh)}, "
               f"{jax.device_count()} devices / {jax.process_count()} processes, precision {cfg.precision}")
         print("config: " + json.dumps(dataclasses.asdict(cfg), separators=(",", ":")))
-        with open(os.path.join(cfg.out, "config.json"), "w") as f:
-            f.write(dumps(cfg))
+        write_text_atomic(os.path.join(cfg.out, "config.json"), dumps(cfg))  # a resume's old one survives a failure
         truncate_after(os.path.join(cfg.out, METRICS_FILE), start)  # a resume rewrites what came after
 
     tokens_per_step = tc.batch_size * tc.seq_len
@@ -198,7 +198,10 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
     fault = _fault_injection()
 
     def save(step):
-        ckpt.save(step, state, {"step": step, "seed": cfg.seed, "nonfinite_skipped": skipped})
+        try:
+            ckpt.save(step, state, {"step": step, "seed": cfg.seed, "nonfinite_skipped": skipped})
+        except WriteFailed as e:
+            raise WriteFailed(f"step {step}: {e}") from None
 
     def put(step):  # host gather + transfer of step `step`'s batch
         x, y = data_lib.train_batch(ds, tc.seq_len, tc.batch_size, cfg.seed, step)
@@ -285,13 +288,19 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
             if ckpt_now:
                 save(n)
             t_prev = time.perf_counter()  # eval and checkpoint time is not step time
+        if done > start or resume_step is None:
+            save(done)
     except NonFinite as e:
         logger.close()
         if not is_main:
             raise SystemExit(2) from None
         raise ConfigError(str(e)) from None
-    if done > start or resume_step is None:
-        save(done)
+    except WriteFailed as e:
+        logger.close()
+        last = ckpt.latest_step()
+        raise WriteFailed(f"{e}; " + (f"the last complete checkpoint is step {last}: free space, then continue "
+                                      "with resume=true" if last is not None else
+                                      "no checkpoint is complete: free space, then run again")) from None
     if stopped is not None:
         logger.message(f"stopped by {stopped} after step {done}; checkpoint saved to "
                        f"{os.path.join(cfg.out, 'ckpt', str(done))}; continue with resume=true")

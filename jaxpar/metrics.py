@@ -9,6 +9,8 @@ import json
 import os
 import sys
 
+from jaxpar.writes import WriteFailed, describe, write_errno, write_text_atomic
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -30,10 +32,7 @@ def truncate_after(path: str, step: int) -> None:
         return
     with open(path, errors="replace") as f:
         keep = [ln if ln.endswith("\n") else ln + "\n" for ln in f if (s := _step_of(ln)) is not None and s <= step]
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.writelines(keep)
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(keep))
 
 
 def _import_summary_writer():
@@ -58,6 +57,7 @@ class MetricsLogger:
                  print_every: int = 1):
         self.enabled, self.total, self.print_every = enabled, total_steps, max(print_every, 1)
         self.path = os.path.join(out_dir, METRICS_FILE)
+        self.write_failed = False
         self.tb = None
         self.bar = None
         if not enabled:
@@ -81,8 +81,14 @@ class MetricsLogger:
     def log(self, rec: dict) -> None:
         if not self.enabled:
             return
-        self.file.write(json.dumps(rec) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json.dumps(rec) + "\n")
+            self.file.flush()
+        except OSError as e:
+            if write_errno(e) is None:
+                raise
+            self.write_failed = True
+            raise WriteFailed(f"step {rec['step']}: cannot write {self.path}: {describe(e.errno)}") from None
         if self.tb is not None:
             for k, v in rec.items():
                 if k != "step" and isinstance(v, (int, float)):
@@ -113,4 +119,8 @@ class MetricsLogger:
             self.bar.stop()
         if self.tb is not None:
             self.tb.close()
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError:  # the unwritten tail of a failed write: already reported by log()
+            if not self.write_failed:
+                raise

@@ -37,6 +37,29 @@ TRAIN100 = T + "test_train_cli.py::test_loss_falls_30_percent_in_100_steps"
 SAMPLE = T + "test_train_cli.py::test_sample_is_deterministic"
 
 MUTANTS: list[Mutant] = [
+    # ------------------------------------------------------------- a write the run cannot make (disk full)
+    Mutant("ckpt_write_error_traceback", "failures-disk", "jaxpar/checkpoint.py",
+           "            code = write_errno(e)\n            if code is None:",
+           "            code = None\n            if code is None:",
+           "a checkpoint the disk refuses ends the run with orbax's traceback (exit 1), not one error line",
+           (T + "test_failures_disk.py" + "::test_a_checkpoint_that_cannot_be_written_is_one_error_line_and_resume_goes_on",)),
+    Mutant("ckpt_partial_step_left", "failures-disk", "jaxpar/checkpoint.py",
+           "                    shutil.rmtree(tmp, ignore_errors=True)", "                    pass",
+           "the failed step's partial files stay on the full disk",
+           (T + "test_failures_disk.py" + "::test_a_checkpoint_that_cannot_be_written_is_one_error_line_and_resume_goes_on",)),
+    Mutant("ckpt_write_logs_twice", "failures-disk", "jaxpar/checkpoint.py",
+           "        absl_log.addFilter(held)  #", "        pass  #",
+           "orbax's thread errors are logged with tracebacks before the one error line",
+           (T + "test_failures_disk.py" + "::test_a_checkpoint_that_cannot_be_written_is_one_error_line_and_resume_goes_on",)),
+    Mutant("config_json_not_atomic", "failures-disk", "jaxpar/writes.py",
+           'tmp = path + ".tmp"', "tmp = path",
+           "a resume's config.json rewrite truncates the old one when the write fails",
+           (T + "test_failures_disk.py" + "::test_a_config_that_cannot_be_rewritten_keeps_the_old_one",)),
+    Mutant("metrics_write_error_traceback", "failures-disk", "jaxpar/metrics.py",
+           "            if write_errno(e) is None:\n                raise\n            self.write_failed = True",
+           "            raise\n            self.write_failed = True",
+           "a metrics line the disk refuses ends the run with a traceback",
+           (T + "test_failures_disk.py" + "::test_a_metrics_line_that_cannot_be_written_is_one_error_line",)),
     # ------------------------------------------------------------- issue 18's six
     Mutant("grad_accum_sums", "train", "jaxpar/train.py",
            "loss, grads = loss / accum, jax.tree.map(lambda g: g / accum, grads)",

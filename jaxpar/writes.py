@@ -1,0 +1,84 @@
+"""A file the run cannot write: the disk is full, a quota or a file-size limit is hit.
+
+`jaxpar train` then ends with one line and exit code 4 (`WRITE_FAILED_EXIT`), not a traceback:
+
+    error: step 4: cannot write checkpoint /run/ckpt/4: No space left on device (errno 28);
+    the last complete checkpoint is step 2: free space, then continue with resume=true
+
+What is on disk stays usable: orbax writes a step into a temporary dir and renames it when
+complete, so the failed step is never listed (its partial files are removed to give the space
+back), and resume drops the metrics lines after the checkpoint it continues from.
+
+Orbax does not raise OSError: tensorstore's failure reaches us as a ValueError whose text ends in
+`[os_error_code='28']`, so `write_errno` reads the errno from either form.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import sys
+
+WRITE_FAILED_EXIT = 4
+# Failures of the storage, not of the run: the fix is outside jaxpar (free space, raise a limit).
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
+_TS_ERRNO = re.compile(r"os_error_code='?(\d+)")
+
+
+class WriteFailed(Exception):
+    """A write of the run failed for a storage reason (`WRITE_ERRNOS`); the message is one line."""
+
+
+def write_errno(e: BaseException) -> int | None:
+    """The storage errno behind `e` (an OSError in its cause/context chain, or tensorstore's
+    `os_error_code` in a message), None when `e` is not such a failure."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        code = e.errno if isinstance(e, OSError) else None
+        if code is None and (m := _TS_ERRNO.search(str(e))):
+            code = int(m.group(1))
+        if code in WRITE_ERRNOS:
+            return code
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def describe(code: int) -> str:
+    return f"{os.strerror(code)} (errno {code})"
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """`path` holds `text` or, when the write fails, its old content: the text goes to a
+    temporary file renamed over `path` (a failed write removes the temporary file)."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if (code := write_errno(e)) is None:
+            raise
+        raise WriteFailed(f"cannot write {path}: {describe(code)}") from None
+
+
+def silence_orphaned_writes() -> None:
+    """After a failed save, orbax's other write tasks are still pending: asyncio logs each one's
+    error ("Task exception was never retrieved") and interpreter shutdown reports the coroutines
+    it destroys. They repeat the one error already reported; drop them for the rest of the process."""
+    logging.getLogger("asyncio").disabled = True
+    prev = sys.unraisablehook
+
+    def hook(u):
+        if getattr(u.object, "__qualname__", "").startswith("async_serialize"):
+            return
+        if u.object is not None and "coroutine" in type(u.object).__name__:
+            return
+        prev(u)
+
+    sys.unraisablehook = hook

@@ -1,0 +1,103 @@
+"""A write the run cannot make (README "Reliability": disk full, quota, file-size limit): one
+`error:` line, exit 4, the completed checkpoints untouched, and `resume=true` goes on bit for bit.
+
+Fault injection with the kernel's own refusal, no mocks: the run's process gets RLIMIT_FSIZE (with
+SIGXFSZ ignored, a write past the limit fails with EFBIG, "File too large", errno 27), the same
+failure path as ENOSPC through tensorstore/orbax and Python's file objects. The persistent XLA
+cache is off in the limited runs (its entries are bigger than the limit).
+Independent reference: the messages are written out by hand; the losses come from the run itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+from cli_helpers import clean_env, run
+
+ARGS = ["model=gpt2-tiny", "train.batch_size=2", "train.seq_len=32", "progress=none"]
+
+
+def limited(args: list[str], max_file_bytes: int) -> subprocess.CompletedProcess:
+    def pre():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
+
+    env = {k: v for k, v in clean_env().items() if not k.startswith("JAX_PERSISTENT_CACHE")
+           and k != "JAX_COMPILATION_CACHE_DIR"}
+    return subprocess.run([sys.executable, "-m", "jaxpar.cli", *args], capture_output=True, text=True,
+                          timeout=600, env=env, preexec_fn=pre)
+
+
+def losses(out) -> dict[int, float]:
+    rows = [json.loads(ln) for ln in open(os.path.join(out, "metrics.jsonl"))]
+    return {r["step"]: r["loss"] for r in rows}
+
+
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory):
+    """A run of 2 steps with its checkpoint, on a small text (its token files stay far under the limits)."""
+    root = tmp_path_factory.mktemp("disk")
+    text = root / "small.txt"
+    text.write_text("".join("abcdefgh \n"[(i * 7919) % 10] for i in range(30000)))
+    out = root / "run"
+    r = run(["train", *ARGS, "train.steps=2", f"data={text}", f"out={out}"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(os.listdir(out / "ckpt")) == ["2"]
+    return out
+
+
+@pytest.fixture
+def two_steps(two_step_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(two_step_run, out)
+    return out
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_error_line_and_resume_goes_on(two_steps):
+    out = two_steps
+    # gpt2-tiny's checkpoint files are 0.2-3 MB: every one of step 4's is refused.
+    r = limited(["train", f"out={out}", "resume=true", "train.steps=4"], 100_000)
+    assert r.returncode == 4, r.stderr[-3000:]
+    assert r.stderr == (f"error: step 4: cannot write checkpoint {out}/ckpt/4: File too large (errno 27); "
+                        "the last complete checkpoint is step 2: free space, then continue with resume=true\n")
+    assert sorted(os.listdir(out / "ckpt")) == ["2"]  # the partial step 4 is removed, step 2 untouched
+    failed = losses(out)
+    assert sorted(failed) == [1, 2, 3, 4]
+
+    r = run(["train", f"out={out}", "resume=true", "train.steps=4"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(os.listdir(out / "ckpt")) == ["2", "4"]
+    assert losses(out) == failed  # steps 3-4 again from step 2's checkpoint: the same bits
+
+
+def test_a_metrics_line_that_cannot_be_written_is_one_error_line(two_steps):
+    out = two_steps
+    limit = os.path.getsize(out / "config.json") + 100  # config.json fits; metrics.jsonl reaches it by step 8
+    r = limited(["train", f"out={out}", "resume=true", "train.steps=8"], limit)
+    assert r.returncode == 4, r.stderr[-3000:]
+    m = re.fullmatch(r"error: step (\d): cannot write (.+): File too large \(errno 27\); the last complete "
+                     r"checkpoint is step 2: free space, then continue with resume=true\n", r.stderr)
+    assert m and m[2] == f"{out}/metrics.jsonl", r.stderr
+    assert os.path.getsize(out / "metrics.jsonl") == limit  # the failed step's line is torn at the limit
+    kept = open(out / "metrics.jsonl").read().splitlines()[:-1]
+    assert [json.loads(ln)["step"] for ln in kept] == list(range(1, int(m[1])))
+    assert sorted(os.listdir(out / "ckpt")) == ["2"]
+
+
+def test_a_config_that_cannot_be_rewritten_keeps_the_old_one(two_steps):
+    """resume=true rewrites config.json (with the keys given) before training: a failed write
+    leaves the run's old config in place, else the next resume could not read the run."""
+    out = two_steps
+    old = (out / "config.json").read_text()
+    r = limited(["train", f"out={out}", "resume=true", "train.steps=8"], len(old) - 1)
+    assert r.returncode == 4, r.stderr[-3000:]
+    assert r.stderr == f"error: cannot write {out}/config.json: File too large (errno 27)\n"
+    assert (out / "config.json").read_text() == old
+    assert sorted(os.listdir(out)) == ["ckpt", "config.json", "data", "metrics.jsonl", "tb"]  # no .tmp left
