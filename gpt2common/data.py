@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2common.grammar import ConfigError
+from gpt2common.writes import write_atomic
 
 BUILTIN_CORPUS = "tinyshakespeare"  # shipped gzipped inside the package; works offline
 VAL_FRACTION = 0.1
@@ -148,8 +149,7 @@ def prepare(text: str | bytes, out_dir: str, tokenizer: str = "byte", source: st
     out.mkdir(parents=True, exist_ok=True)
     # Write to temp names and rename, so a crash never leaves a half-written prepared dir.
     for name, arr in (("train.bin", ids[:-n_val]), ("val.bin", ids[-n_val:])):
-        arr.astype("<u2").tofile(out / (name + ".tmp"))
-        os.replace(out / (name + ".tmp"), out / name)
+        write_atomic(out / name, arr.astype("<u2").tobytes())  # numpy's tofile loses the errno of a short write
     tok.save(out)
     meta = {"tokenizer": tok.kind, "vocab_size": tok.vocab_size, "train_tokens": int(len(ids) - n_val),
             "val_tokens": int(n_val), "source": source}

@@ -36,7 +36,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxpar.config import ConfigError
-from jaxpar.writes import WriteFailed, describe, write_errno
+from gpt2common.writes import WriteFailed, describe, write_errno
 
 CKPT_DIR = "ckpt"
 QUARANTINE_DIR = "ckpt.corrupt"  # resume moves unreadable steps here, out of orbax's sight

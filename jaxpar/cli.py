@@ -2,7 +2,7 @@
 
 Exit codes: 0 success; 2 invalid configuration or input (one line `error: ...` on
 stderr, no traceback); 3 a rank lost its peers (jaxpar.launch); 4 a write the storage
-refused, disk full or a quota (one `error:` line, jaxpar/writes.py); anything else is an
+refused, disk full or a quota (one `error:` line, gpt2common/writes.py); anything else is an
 internal fault. JAX is imported only after
 the arguments are parsed, so emulated CPU devices can be requested first.
 """
@@ -14,9 +14,10 @@ import os
 import sys
 
 from gpt2common.grammar import one_line
-from jaxpar import host_memory, writes, xla_flags
+from gpt2common import writes
+from jaxpar import host_memory, xla_flags
 from jaxpar.config import ConfigError
-from jaxpar.writes import WriteFailed
+from gpt2common.writes import WriteFailed
 
 USAGE = """usage: jaxpar <command> [--config FILE.yaml] [key=value ...]
 
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         _error_line(str(e))
         return 2
-    except WriteFailed as e:  # disk full / quota / file-size limit: jaxpar/writes.py
+    except WriteFailed as e:  # disk full / quota / file-size limit: gpt2common/writes.py
         writes.silence_orphaned_writes()
         _error_line(str(e))
         return writes.WRITE_FAILED_EXIT

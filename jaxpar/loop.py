@@ -27,7 +27,7 @@ from jaxpar.evaluation import mean_loss
 from jaxpar.launch import LOST_PEER_EXIT
 from jaxpar.layout import ParallelLayout
 from jaxpar.metrics import METRICS_FILE, MetricsLogger, truncate_after
-from jaxpar.writes import WriteFailed, write_text_atomic
+from gpt2common.writes import WriteFailed, write_atomic
 from jaxpar.models import gpt2
 from jaxpar.train import build_trainer, device_peak_flops, resolve_layout
 
@@ -184,7 +184,7 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
         print(f"jaxpar train: {cfg.model_name} ({cfg.model.num_params():,} params), mesh {dataclasses.asdict(cfg.mesh)}, "
               f"{jax.device_count()} devices / {jax.process_count()} processes, precision {cfg.precision}")
         print("config: " + json.dumps(dataclasses.asdict(cfg), separators=(",", ":")))
-        write_text_atomic(os.path.join(cfg.out, "config.json"), dumps(cfg))  # a resume's old one survives a failure
+        write_atomic(os.path.join(cfg.out, "config.json"), dumps(cfg))  # a resume's old one survives a failure
         truncate_after(os.path.join(cfg.out, METRICS_FILE), start)  # a resume rewrites what came after
 
     tokens_per_step = tc.batch_size * tc.seq_len

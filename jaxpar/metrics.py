@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from jaxpar.writes import WriteFailed, describe, write_errno, write_text_atomic
+from gpt2common.writes import WriteFailed, describe, write_errno, write_atomic
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -32,7 +32,7 @@ def truncate_after(path: str, step: int) -> None:
         return
     with open(path, errors="replace") as f:
         keep = [ln if ln.endswith("\n") else ln + "\n" for ln in f if (s := _step_of(ln)) is not None and s <= step]
-    write_text_atomic(path, "".join(keep))
+    write_atomic(path, "".join(keep))
 
 
 def _import_summary_writer():

@@ -24,14 +24,14 @@ from cli_helpers import clean_env, run
 ARGS = ["model=gpt2-tiny", "train.batch_size=2", "train.seq_len=32", "progress=none"]
 
 
-def limited(args: list[str], max_file_bytes: int) -> subprocess.CompletedProcess:
+def limited(args: list[str], max_file_bytes: int, tool: str = "jaxpar") -> subprocess.CompletedProcess:
     def pre():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
 
     env = {k: v for k, v in clean_env().items() if not k.startswith("JAX_PERSISTENT_CACHE")
            and k != "JAX_COMPILATION_CACHE_DIR"}
-    return subprocess.run([sys.executable, "-m", "jaxpar.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", f"{tool}.cli", *args], capture_output=True, text=True,
                           timeout=600, env=env, preexec_fn=pre)
 
 
@@ -40,12 +40,17 @@ def losses(out) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows}
 
 
+def small_text(root):
+    text = root / "small.txt"
+    text.write_text("".join("abcdefgh \n"[(i * 7919) % 10] for i in range(30000)))  # 27,000 train tokens
+    return text
+
+
 @pytest.fixture(scope="module")
 def two_step_run(tmp_path_factory):
     """A run of 2 steps with its checkpoint, on a small text (its token files stay far under the limits)."""
     root = tmp_path_factory.mktemp("disk")
-    text = root / "small.txt"
-    text.write_text("".join("abcdefgh \n"[(i * 7919) % 10] for i in range(30000)))
+    text = small_text(root)
     out = root / "run"
     r = run(["train", *ARGS, "train.steps=2", f"data={text}", f"out={out}"])
     assert r.returncode == 0, r.stderr[-2000:]
@@ -101,3 +106,24 @@ def test_a_config_that_cannot_be_rewritten_keeps_the_old_one(two_steps):
     assert r.stderr == f"error: cannot write {out}/config.json: File too large (errno 27)\n"
     assert (out / "config.json").read_text() == old
     assert sorted(os.listdir(out)) == ["ckpt", "config.json", "data", "metrics.jsonl", "tb"]  # no .tmp left
+
+
+@pytest.mark.parametrize("tool", ["jaxpar", "torchref"])
+def test_data_that_cannot_be_prepared_is_one_error_line_and_no_half_file(tmp_path, tool):
+    """The shared tokenizer step (gpt2common.data) writes train.bin (54,000 bytes) first."""
+    out = tmp_path / "run"
+    r = limited(["train"] + ["strategy=single"] * (tool == "torchref") + [*ARGS[:3], "train.steps=2",
+                f"data={small_text(tmp_path)}", f"out={out}"], 1000, tool)
+    assert r.returncode == 4, r.stderr[-3000:]
+    assert r.stderr == f"error: cannot write {out}/data/train.bin: File too large (errno 27)\n"
+    assert os.listdir(out / "data") == []  # no train.bin.tmp left behind
+
+
+def test_torchref_initial_weights_that_cannot_be_written_are_one_error_line(tmp_path):
+    """torchref writes the shared initial weights (safetensors, 1.85 MB) after the data (54 kB)."""
+    out = tmp_path / "run"
+    r = limited(["train", "strategy=single", *ARGS[:3], "train.steps=2", f"data={small_text(tmp_path)}",
+                 f"out={out}"], 60_000, "torchref")
+    assert r.returncode == 4, r.stderr[-3000:]
+    assert r.stderr == f"error: cannot write {out}/init/model.safetensors: File too large (errno 27)\n"
+    assert os.listdir(out / "init") == []

@@ -70,13 +70,16 @@ def save_weights(path: str, hf_config: dict, sd: dict[str, np.ndarray]) -> None:
     """config.json + model.safetensors (the layout `gpt2common.hf.load_hf` and HF from_pretrained read)."""
     import json
 
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
+
+    from gpt2common.writes import write_atomic
 
     os.makedirs(path, exist_ok=True)
-    save_file({k: np.ascontiguousarray(v) for k, v in sd.items()}, os.path.join(path, "model.safetensors"),
-              metadata={"format": "pt"})
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(hf_config, f, indent=2)
+    # Serialised here, written by write_atomic: a refused write names its file (safetensors' own
+    # save_file reports "I/O error" without one) and leaves no half-written file.
+    write_atomic(os.path.join(path, "model.safetensors"),
+                 save({k: np.ascontiguousarray(v) for k, v in sd.items()}, metadata={"format": "pt"}))
+    write_atomic(os.path.join(path, "config.json"), json.dumps(hf_config, indent=2))
 
 
 def decays(name: str) -> bool:

@@ -1,6 +1,7 @@
 """A file the run cannot write: the disk is full, a quota or a file-size limit is hit.
+Shared by jaxpar and torchref (standard library only).
 
-`jaxpar train` then ends with one line and exit code 4 (`WRITE_FAILED_EXIT`), not a traceback:
+`jaxpar train` (and `torchref train`, for the files its launcher writes) then ends with one line and exit code 4 (`WRITE_FAILED_EXIT`), not a traceback:
 
     error: step 4: cannot write checkpoint /run/ckpt/4: No space left on device (errno 28);
     the last complete checkpoint is step 2: free space, then continue with resume=true
@@ -51,13 +52,15 @@ def describe(code: int) -> str:
     return f"{os.strerror(code)} (errno {code})"
 
 
-def write_text_atomic(path: str, text: str) -> None:
-    """`path` holds `text` or, when the write fails, its old content: the text goes to a
-    temporary file renamed over `path` (a failed write removes the temporary file)."""
+def write_atomic(path, data: str | bytes) -> None:
+    """`path` holds `data` or, when the write fails, its old content (or nothing): the data goes
+    to a temporary file renamed over `path`; a failed write removes the temporary file and, for
+    a storage failure, raises WriteFailed naming `path`."""
+    path = os.fspath(path)
     tmp = path + ".tmp"
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
         os.replace(tmp, path)
     except OSError as e:
         with contextlib.suppress(OSError):
