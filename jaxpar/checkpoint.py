@@ -35,8 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxpar.config import ConfigError
 from gpt2common.writes import WriteFailed, describe, write_errno
+from jaxpar.config import ConfigError
 
 CKPT_DIR = "ckpt"
 QUARANTINE_DIR = "ckpt.corrupt"  # resume moves unreadable steps here, out of orbax's sight

@@ -13,11 +13,11 @@ import importlib
 import os
 import sys
 
-from gpt2common.grammar import one_line
 from gpt2common import writes
+from gpt2common.grammar import one_line
+from gpt2common.writes import WriteFailed
 from jaxpar import host_memory, xla_flags
 from jaxpar.config import ConfigError
-from gpt2common.writes import WriteFailed
 
 USAGE = """usage: jaxpar <command> [--config FILE.yaml] [key=value ...]
 

@@ -20,6 +20,7 @@ import numpy as np
 from gpt2common import data as data_lib
 from gpt2common import hf
 from gpt2common.outdir import make_out
+from gpt2common.writes import WriteFailed, write_atomic
 from jaxpar import rundir
 from jaxpar.checkpoint import Checkpointer, restore
 from jaxpar.config import Config, ConfigError, dumps, validate
@@ -27,7 +28,6 @@ from jaxpar.evaluation import mean_loss
 from jaxpar.launch import LOST_PEER_EXIT
 from jaxpar.layout import ParallelLayout
 from jaxpar.metrics import METRICS_FILE, MetricsLogger, truncate_after
-from gpt2common.writes import WriteFailed, write_atomic
 from jaxpar.models import gpt2
 from jaxpar.train import build_trainer, device_peak_flops, resolve_layout
 

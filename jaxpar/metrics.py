@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from gpt2common.writes import WriteFailed, describe, write_errno, write_atomic
+from gpt2common.writes import WriteFailed, describe, write_atomic, write_errno
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -85,10 +85,10 @@ class MetricsLogger:
             self.file.write(json.dumps(rec) + "\n")
             self.file.flush()
         except OSError as e:
-            if write_errno(e) is None:
+            if (code := write_errno(e)) is None:
                 raise
             self.write_failed = True
-            raise WriteFailed(f"step {rec['step']}: cannot write {self.path}: {describe(e.errno)}") from None
+            raise WriteFailed(f"step {rec['step']}: cannot write {self.path}: {describe(code)}") from None
         if self.tb is not None:
             for k, v in rec.items():
                 if k != "step" and isinstance(v, (int, float)):

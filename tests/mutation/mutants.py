@@ -64,7 +64,7 @@ MUTANTS: list[Mutant] = [
            "torchref ends a refused write of its data or initial weights with a traceback",
            (T + "test_failures_disk.py" + "::test_torchref_initial_weights_that_cannot_be_written_are_one_error_line",)),
     Mutant("metrics_write_error_traceback", "failures-disk", "jaxpar/metrics.py",
-           "            if write_errno(e) is None:\n                raise\n            self.write_failed = True",
+           "            if (code := write_errno(e)) is None:\n                raise\n            self.write_failed = True",
            "            raise\n            self.write_failed = True",
            "a metrics line the disk refuses ends the run with a traceback",
            (T + "test_failures_disk.py" + "::test_a_metrics_line_that_cannot_be_written_is_one_error_line",)),
