@@ -81,7 +81,7 @@ def chunked_mlp(x, w_fc, b_fc, w_proj, b_proj, chunks: int, policy=FP32):
         wf_c, bf_c, wp_c = w
         h = policy.linear("btd,df->btf", x, wf_c, bf_c)
         h = constrain(gelu_tanh(h), ("batch", "seq", "mlp"))
-        return acc + policy.einsum("btf,fd->btd", h, wp_c), None  # fp32 partial sum
+        return acc + policy.einsum("btf,fd->btd", h, wp_c, a_elementwise=True), None  # fp32 partial sum
 
     # zeros_like, not zeros: inside the pipeline's shard_map x varies over the manual axes and the
     # scan carry must have the same varying-axes type as the body's output (acc + h·W varies as x).

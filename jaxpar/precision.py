@@ -49,33 +49,48 @@ def _transpose_specs(spec: str) -> tuple[str, str]:
     return f"{out},{b}->{a}", f"{a},{out}->{b}"
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
-def mixed_einsum(spec: str, a, b, dtype=jnp.bfloat16):
+# What an fp32 transposed copy costs per element, relative to a plain copy (1), when its operand is an
+# elementwise function's output: XLA:CPU fuses that function into the copy and recomputes it per element
+# instead of reading the materialized output (gelu: bias add and 0.5*x*(1 + tanh) from the saved tanh).
+# Measured on the 2-core Zen 4 host (CPU time, jit alone): the (512, 3072) gelu copy 5.6 ns/element, the
+# (2048, 1536) one 9.7, a plain transposed copy 1.0 (benchmarks/README.md, seventh pass); the lower ratio.
+# bf16 copies are plain (the bf16 cast is materialized first): the weight applies to fp32 only.
+RECOMPUTED_COPY_COST = 5
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4))
+def mixed_einsum(spec: str, a, b, dtype=jnp.bfloat16, a_elementwise: bool = False):
     """einsum of a, b cast to `dtype`, accumulated and returned in fp32; the backward dots
     are `dtype` x `dtype` -> fp32 too, each cotangent returned in its operand's dtype. The
     weight gradient is written `btd,btf->df` (operand-first, (B, T) kept apart): the form
-    XLA:CPU makes canonical for YNNPACK, in bf16 and fp32 alike (module docstring)."""
+    XLA:CPU makes canonical for YNNPACK, in bf16 and fp32 alike (module docstring).
+    a_elementwise: `a` is an elementwise function's output (the MLP's gelu), which a transposed
+    fp32 copy of `a` recomputes per element (`RECOMPUTED_COPY_COST`, `_weight_grad`)."""
     return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
 
 
-def _mixed_fwd(spec, a, b, dtype):
+def _mixed_fwd(spec, a, b, dtype, a_elementwise):
     # residuals: the operands as given (an fp32 master weight is alive anyway; no 2nd copy)
-    return mixed_einsum(spec, a, b, dtype), (a, b)
+    return mixed_einsum(spec, a, b, dtype, a_elementwise), (a, b)
 
 
-def _weight_grad(spec: str, a, g):
+def _weight_grad(spec: str, a, g, a_cost: float = 1):
     """einsum(spec, a, g) -> fp32: a weight gradient such as `btf,btd->fd`, a and g in the dot dtype.
 
     YNNPACK wants the LHS row-major with the contracting dim last, so XLA:CPU makes the operand
-    that owns the weight's leading dim the LHS and copies it transposed, (B*T, F) -> (F, B*T), first;
-    inside the layer scan that copy runs at ~0.5 GB/s (mid fp32: c_proj's (2048, 1536) gelu output,
-    171 ms of a ~1 s step). The other operand order transposes the other operand plus the (D, F)
-    result instead; taken when that moves fewer elements (c_proj's dW when 4D < 3*B*T; never the
-    other weights at the configs we run). The optimization_barrier keeps XLA's simplifier from
-    folding the result's transpose back into the dot as a dim-0-contracting LHS, which YNNPACK
-    rejects (fp32 then runs in Eigen; bf16 fails at run time: "Unsupported element type for
-    DotThunk"). Same products, summed in another order by YNNPACK's blocking: fp32 within 4.4e-7
-    of the largest entry, bf16 operands bit-identical there (tests/test_weight_grad.py).
+    that owns the weight's leading dim the LHS and copies it transposed, (B*T, F) -> (F, B*T), first.
+    The other operand order transposes the other operand plus the (D, F) result instead; taken when
+    that costs less, counting a plain copy 1 per element and a copy of `a` `a_cost` per element
+    (`RECOMPUTED_COPY_COST` when the copy recomputes a's elementwise producer). c_proj's dW
+    (a = the gelu output, (B*T, 4D); g (B*T, D)) swaps when 4D*B*T*a_cost > D*B*T + 4D*D: in bf16
+    (a_cost 1) when 4D < 3*B*T (mid, small; not gpt2's B*T = 512); in fp32 (a_cost 5) when
+    19*B*T > 4D, i.e. at every config we run (gpt2: 7.9M vs 2.8M; 1.025x step CPU time). No other
+    weight swaps at the configs we run (the head's, weighing its fused dlogits copy, measured 0.99x).
+    The optimization_barrier keeps XLA's simplifier from folding the result's transpose back into
+    the dot as a dim-0-contracting LHS, which YNNPACK rejects (fp32 then runs in Eigen; bf16 fails
+    at run time: "Unsupported element type for DotThunk"). Same products, summed in another order
+    by YNNPACK's blocking: fp32 within 4.4e-7 of the largest entry, bf16 operands bit-identical
+    there (tests/test_weight_grad.py).
     Assumes the contracted dims lead in both operands ((B, T, ...)), as in every model matmul.
     """
     ins, w = spec.split("->")
@@ -85,7 +100,8 @@ def _weight_grad(spec: str, a, g):
     fa = math.prod(size[c] for c in w if c in sa)  # the weight's dims from a (F)
     fg = math.prod(size[c] for c in w if c not in sa)  # ... and from g (D)
     a_first = w[0] in sa  # XLA's LHS, the operand it copies transposed: a for 'fd'
-    if n * (fg if a_first else fa) + fa * fg >= n * (fa if a_first else fg):
+    copy_a, copy_g = n * fa * a_cost, n * fg  # what a transposed copy of each operand costs
+    if (copy_g if a_first else copy_a) + fa * fg >= (copy_a if a_first else copy_g):
         return jnp.einsum(spec, a, g, preferred_element_type=jnp.float32)
     # the other operand on the LHS, its weight dims first ('btd,btf->df' for 'fd'), then back to w's order
     (s1, x1), (s2, x2) = ((sg, g), (sa, a)) if a_first else ((sa, a), (sg, g))
@@ -94,12 +110,13 @@ def _weight_grad(spec: str, a, g):
     return jnp.transpose(jax.lax.optimization_barrier(r), [order.index(c) for c in w])
 
 
-def _mixed_bwd(spec, dtype, res, g):
+def _mixed_bwd(spec, dtype, a_elementwise, res, g):
     a, b = res
     ta, tb = _transpose_specs(spec)
     g = g.astype(dtype)
     da = jnp.einsum(ta, g, b.astype(dtype), preferred_element_type=jnp.float32)
-    db = _weight_grad(tb, a.astype(dtype), g)
+    a_cost = RECOMPUTED_COPY_COST if a_elementwise and dtype == jnp.float32 else 1
+    db = _weight_grad(tb, a.astype(dtype), g, a_cost)
     return da.astype(a.dtype), db.astype(b.dtype)
 
 
@@ -128,18 +145,20 @@ class Policy:
         """Cast a (fp32) parameter or activation to the compute dtype."""
         return x.astype(self.compute_dtype)
 
-    def einsum(self, spec: str, a, b):
-        """fp32 result of a weight matmul (no batch dims) with compute-dtype operands (logits)."""
+    def einsum(self, spec: str, a, b, a_elementwise: bool = False):
+        """fp32 result of a weight matmul (no batch dims) with compute-dtype operands (logits).
+        a_elementwise: `a` is an elementwise function's output (gelu); see `mixed_einsum`."""
         if self.compute_dtype == jnp.float32 and not _fp32_out_dots():
             return jnp.einsum(spec, a.astype(jnp.float32), b.astype(jnp.float32))
         if _fp32_out_dots():  # CPU: bf16 x bf16 -> fp32, or fp32 with YNNPACK's backward forms
-            return mixed_einsum(spec, a, b, self.compute_dtype)
+            return mixed_einsum(spec, a, b, self.compute_dtype, a_elementwise)
         return jnp.einsum(spec, self.cast(a), self.cast(b), preferred_element_type=jnp.float32)
 
-    def linear(self, spec: str, x, w, bias=None):
-        """einsum(x, w) (+ bias in fp32), in the compute dtype: every matmul of the blocks."""
+    def linear(self, spec: str, x, w, bias=None, x_elementwise: bool = False):
+        """einsum(x, w) (+ bias in fp32), in the compute dtype: every matmul of the blocks.
+        x_elementwise: x is an elementwise function's output (gelu); see `mixed_einsum`."""
         if self.compute_dtype == jnp.float32 or _fp32_out_dots():
-            y = self.einsum(spec, x, w)  # fp32
+            y = self.einsum(spec, x, w, x_elementwise)  # fp32
             return (y if bias is None else y + bias).astype(self.compute_dtype)
         y = jnp.einsum(spec, self.cast(x), self.cast(w))  # bf16 out (fp32 accumulation in the unit)
         return y if bias is None else add_bias(y, bias)

@@ -221,7 +221,7 @@ class MLP(nnx.Module):
             return _dropout(y, self.dropout, key)
         h = pol.linear("btd,df->btf", x, self.c_fc.weight[...], self.c_fc.bias[...])
         h = constrain(gelu_tanh(h), ("batch", "seq", "mlp"))  # fp32 math, saves only h: jaxpar.activations
-        y = pol.linear("btf,fd->btd", h, self.c_proj.weight[...], self.c_proj.bias[...])
+        y = pol.linear("btf,fd->btd", h, self.c_proj.weight[...], self.c_proj.bias[...], x_elementwise=True)
         return _dropout(y, self.dropout, key)
 
 
