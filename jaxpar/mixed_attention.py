@@ -28,6 +28,16 @@ bf16 x bf16 -> fp32 in a form XLA keeps canonical:
                    kept it bf16: "Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32"
                    at run time (tests/test_mixed_attention.py runs every form it pins).
 
+Causal query blocks (`_fwd_blocked`, T >= 128 split evenly into blocks of >= 64 rows, at most 8):
+block i computes its scores, probs and the four backward dots against keys [0, (i+1)·b) only, so
+the fully masked upper blocks are never computed, as torch's flash attention kernel skips them:
+(nb + 1) / (2 nb) of the FLOPs (T = 256: 4 blocks, 5/8). Measured on a 2-core AMD Zen 4 host (CPU
+time, one process, old/new): the fp32 core alone 1.25x at B8 T256 N6 Hd64; whole step mid fp32
+1.05x, mid bf16 1.035x (benchmarks/README.md, seventh pass). o and dQ equal the unblocked core's;
+dK/dV add the blocks' zero-padded contributions, another fp32 order (tests/test_causal_blocks.py).
+The saved probs shrink to the same (nb + 1) / (2 nb) (jaxpar.planner's activation model still
+counts the full (B, N, T, T): conservative for T >= 128 on CPU).
+
 Numerics (the bf16 policy): q, k, v, probs and cotangents enter dots as bf16, every dot
 accumulates and returns fp32; scores, softmax and its backward are fp32 (from the saved fp32
 probs, as autodiff of the plain core). The differences to the plain core's autodiff: dP leaves
@@ -48,11 +58,16 @@ from jaxpar.softmax import causal_softmax
 F32 = jnp.float32
 
 
-def _scores_probs(q, k):
-    """(B, T, N, Hd) bf16 x2 -> fp32 causal softmax probs (B, N, T, T)."""
+def _scores(q, k):
+    """(B, Tq, N, Hd) x (B, Tk, N, Hd) -> fp32 scores q·k / sqrt(Hd), (B, N, Tq, Tk)."""
     hd = q.shape[-1]
     s = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=F32) / math.sqrt(hd)
-    return causal_softmax(s)  # forward only: _bwd below differentiates it by hand
+    return s
+
+
+def _scores_probs(q, k):
+    """(B, T, N, Hd) bf16 x2 -> fp32 causal softmax probs (B, N, T, T)."""
+    return causal_softmax(_scores(q, k))  # forward only: _bwd below differentiates it by hand
 
 
 def _sum_over_t(p, x, dtype):
@@ -69,14 +84,69 @@ def causal_attention(q, k, v, dtype=jnp.bfloat16):
     return _fwd(q, k, v, dtype)[0]
 
 
+# Causal query blocks: at least _BLOCK rows each, at most _MAX_BLOCKS of them (0: never block).
+# T = 256 -> 4 blocks of 64, 1024 -> 8 of 128; T = 64 (or any T not split evenly) -> 1, the unblocked core.
+_BLOCK, _MAX_BLOCKS = 64, 8
+
+
+def _n_blocks(T: int) -> int:
+    """How many query blocks `causal_attention` splits T into (1: the unblocked core)."""
+    if not _BLOCK:
+        return 1
+    b = max(_BLOCK, -(-T // _MAX_BLOCKS))
+    return T // b if T % b == 0 and T >= 2 * b else 1
+
+
 def _fwd(q, k, v, dtype):
+    if _n_blocks(q.shape[1]) > 1:
+        return _fwd_blocked(q, k, v, dtype)
     probs = _scores_probs(q, k)
     o = jnp.einsum("bnts,bsnh->btnh", probs.astype(dtype), v, preferred_element_type=F32)
     # residuals: q, k, v (slices of the saved qkv) and the fp32 probs, as autodiff would save
     return o.astype(dtype), (q, k, v, probs)
 
 
+def _fwd_blocked(q, k, v, dtype):
+    """The core by query blocks of b rows: block i (rows [i*b, (i+1)*b)) sees keys [0, (i+1)*b) only,
+    so the fully masked upper blocks of the (T, T) scores are never computed. With nb blocks the six
+    dots do (nb + 1) / (2 nb) of the unblocked FLOPs (T = 256: 3/4), as torch's flash kernel skips them.
+    Residual: one fp32 probs block (B, N, b, (i+1)*b) per query block instead of (B, N, T, T)."""
+    T = q.shape[1]
+    b = T // _n_blocks(T)
+    outs, probs = [], []
+    for lo in range(0, T, b):
+        hi = lo + b
+        s = _scores(q[:, lo:hi], k[:, :hi])  # (B, N, b, hi)
+        causal = jnp.tril(jnp.ones((b, hi), dtype=bool), k=lo)  # row t (absolute lo + t) sees keys s <= lo + t
+        p = jax.nn.softmax(jnp.where(causal, s, jnp.finfo(F32).min), axis=-1)  # as jaxpar.softmax, offset mask
+        outs.append(jnp.einsum("bnts,bsnh->btnh", p.astype(dtype), v[:, :hi], preferred_element_type=F32))
+        probs.append(p)
+    return jnp.concatenate(outs, axis=1).astype(dtype), (q, k, v, tuple(probs))
+
+
+def _bwd_blocked(dtype, res, g):
+    """Backward of `_fwd_blocked`: the four dots per query block over its visible keys; dQ blocks are
+    concatenated, the dK/dV contributions ((B, (i+1)*b, N, Hd) each) zero-padded to T and summed."""
+    q, k, v, probs = res
+    T, hd = q.shape[1], q.shape[-1]
+    b = T // len(probs)
+    g = g.astype(dtype)
+    dqs, dk, dv = [], 0.0, 0.0
+    for lo, p in zip(range(0, T, b), probs):
+        hi = lo + b
+        gi = g[:, lo:hi]
+        dp = jnp.einsum("btnh,bsnh->bnts", gi, v[:, :hi], preferred_element_type=F32)  # (B, N, b, hi)
+        ds = p * (dp - jnp.sum(dp * p, axis=-1, keepdims=True)) / math.sqrt(hd)
+        dqs.append(jnp.einsum("bnts,bsnh->btnh", ds.astype(dtype), k[:, :hi], preferred_element_type=F32))
+        pad = ((0, 0), (0, T - hi), (0, 0), (0, 0))
+        dv = dv + jnp.pad(_sum_over_t(p, gi, dtype), pad)
+        dk = dk + jnp.pad(_sum_over_t(ds, q[:, lo:hi], dtype), pad)
+    return jnp.concatenate(dqs, axis=1).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
 def _bwd(dtype, res, g):
+    if isinstance(res[3], tuple):  # probs saved by query blocks: _fwd_blocked
+        return _bwd_blocked(dtype, res, g)
     q, k, v, probs = res
     hd = q.shape[-1]
     g = g.astype(dtype)

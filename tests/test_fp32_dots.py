@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import jaxpar.precision as precision
+from jaxpar import mixed_attention
 from jaxpar.config import PRESETS
 from jaxpar.mixed_attention import causal_attention
 from jaxpar.models import gpt2
@@ -52,12 +53,14 @@ def runs():
 
 
 def test_every_dot_of_the_fp32_step_is_a_ynnpack_dot(runs):
-    """Per layer 4 weight matmuls x 3 dots and the attention core's 6, plus the tied head's 3; the
-    plain path runs 3 of them in Eigen (both MLP weight gradients and dK): the test's own check
-    that the census sees the difference."""
-    n_dots = MC.n_layer * (4 * 3 + 6) + 3
+    """Per layer 4 weight matmuls x 3 dots and the attention core's 6 per causal query block (2 at
+    T = 128: mixed_attention._fwd_blocked), plus the tied head's 3; the plain path (6 attention dots)
+    runs 3 of them in Eigen (both MLP weight gradients and dK): the test's own check that the census
+    sees the difference."""
+    assert mixed_attention._n_blocks(T) == 2
     dots = _dots(runs["new"][0])
-    assert dots == [("ynn", "f32", "f32", "f32")] * n_dots, sorted(set(dots))
+    assert dots == [("ynn", "f32", "f32", "f32")] * (MC.n_layer * (4 * 3 + 6 * 2) + 3), sorted(set(dots))
+    n_dots = MC.n_layer * (4 * 3 + 6) + 3
     plain = _dots(runs["plain"][0])
     assert len(plain) == n_dots and plain.count(("xla", "f32", "f32", "f32")) == 3, plain
 
@@ -82,7 +85,9 @@ def test_fp32_loss_and_grads_equal_the_plain_path(runs):
         assert np.abs(g - r).max() <= TOL["grad"] * scale, (jax.tree_util.keystr(path), np.abs(g - r).max() / scale)
 
 
-@pytest.mark.parametrize("shape", [(2, 16, 2, 16), (1, 7, 3, 8), (2, 1, 2, 8)], ids=lambda s: "x".join(map(str, s)))
+# T = 256: the core by 4 causal query blocks (mixed_attention._fwd_blocked)
+@pytest.mark.parametrize("shape", [(2, 16, 2, 16), (1, 7, 3, 8), (2, 1, 2, 8), (1, 256, 2, 16)],
+                         ids=lambda s: "x".join(map(str, s)))
 def test_fp32_attention_core_equals_autodiff_of_the_plain_core(shape):
     """causal_attention(dtype=fp32): output and the three input gradients vs jax.vjp of the plain
     fp32 core (softmax of masked scaled scores, then probs.V) at HIGHEST precision."""

@@ -49,8 +49,9 @@ def _reference(q, k, v, g):
     return tuple(a.astype(BF16) for a in (o, dq, dk, dv))
 
 
-# (B, T, N, Hd): YNNPACK dots; odd T (fp32 dots for dV/dK); T = 1 (dots YNNPACK refuses: m or n == 1)
-SHAPES = [(2, 16, 2, 16), (1, 7, 3, 8), (2, 1, 2, 8)]
+# (B, T, N, Hd): YNNPACK dots; odd T (fp32 dots for dV/dK); T = 1 (dots YNNPACK refuses: m or n == 1);
+# T = 128: the core by 2 causal query blocks (mixed_attention._fwd_blocked, tests/test_causal_blocks.py)
+SHAPES = [(2, 16, 2, 16), (1, 7, 3, 8), (2, 1, 2, 8), (1, 128, 2, 16)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
