@@ -98,8 +98,12 @@ def test_dead_rank_stops_the_job_via_launcher(tmp_path):
         if p.poll() is None:
             p.kill()
     assert p.returncode == 137
-    # rank 0's next all-reduce fails and it leaves by itself (exit 3); the launcher names the root cause
-    assert "error: process 1 exited with code 137\n" in err and "error: process 0 lost contact with its peers" in err
+    # The launcher names the root cause either way. Rank 0 leaves by itself (exit 3) if its next
+    # all-reduce fails within the settle window (SETTLE_S = 3 s); on a loaded host (load 9-15 on
+    # the 2-core AMD one, 2 of 2 runs) its step outlasts the window and the launcher stops it.
+    lost = "error: process 0 lost contact with its peers" in err
+    assert (lost and "error: process 1 exited with code 137\n" in err) or \
+        (not lost and "error: process 1 exited with code 137; stopping processes 0\n" in err), err[-3000:]
     assert elapsed < 15  # the settle window (3 s), SIGTERM, then SIGKILL after grace=5 s
     assert all(not os.path.exists(f"/proc/{c}") or open(f"/proc/{c}/stat").read().split()[2] == "Z"
                for c in kids.values())
