@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import transformers
 
-from jaxpar import data
+from gpt2common import data
 
 out = sys.argv[1]
 evals = {k: json.load(open(os.path.join(out, f"eval_{k}.json"))) for k in ("one_device", "training_mesh", "pipeline")}

@@ -98,8 +98,14 @@ def test_dead_rank_stops_the_job_via_launcher(tmp_path):
         if p.poll() is None:
             p.kill()
     assert p.returncode == 137
-    # rank 0's next all-reduce fails and it leaves by itself (exit 3); the launcher names the root cause
-    assert "error: process 1 exited with code 137\n" in err and "error: process 0 lost contact with its peers" in err
+    # The launcher names the root cause either way. Rank 0 leaves by itself (exit 3) if a Gloo
+    # collective fails within the settle window (SETTLE_S = 3 s); otherwise the launcher stops it.
+    # On the 2-core AMD host rank 0 mostly gets no Gloo error (bare pairs: 5 of 6 were aborted by
+    # the coordination heartbeat after 7-9.5 s, 1 left in 0.1 s), so this ending is the usual one
+    # there (3 of 3 runs, load 1.5-15); the lost-peer line stays pinned by test_failures_multiprocess.
+    lost = "error: process 0 lost contact with its peers" in err
+    assert (lost and "error: process 1 exited with code 137\n" in err) or \
+        (not lost and "error: process 1 exited with code 137; stopping processes 0\n" in err), err[-3000:]
     assert elapsed < 15  # the settle window (3 s), SIGTERM, then SIGKILL after grace=5 s
     assert all(not os.path.exists(f"/proc/{c}") or open(f"/proc/{c}/stat").read().split()[2] == "Z"
                for c in kids.values())

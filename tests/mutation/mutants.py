@@ -907,6 +907,12 @@ MUTANTS: list[Mutant] = [
            "with microbatch(i == 0) if microbatch",
            "torchref all-reduces after the first accumulation pass, not the last: the later passes stay local",
            (P + "test_property_parity.py::test_parity_on_drawn_configurations",)),
+    Mutant("fp16_wire_replay_masks_swapped", "bench", "benchmarks/fp16_wire_rounding.py",
+           'return {"fp16": h, "sub": np.where(sub, h, x), "norm": np.where(sub, x, h)}[mode]',
+           'return {"fp16": h, "sub": np.where(sub, x, h), "norm": np.where(sub, h, x)}[mode]',
+           "the replay behind torchref.fp16wire.loss's why rounds the normal elements under 'sub' and the "
+           "subnormal ones under 'norm': the quoted attribution would be inverted",
+           (T + "test_bench_fp16_wire_rounding.py::test_each_mode_rounds_exactly_its_elements",)),
 ]
 
 
