@@ -232,9 +232,14 @@ class Dataset:
 
 
 def batch_offsets(n_tokens: int, seq_len: int, batch_size: int, seed: int, step: int) -> np.ndarray:
-    """Start offsets of the global batch for `step`: a pure function of (seed, step)."""
+    """Start offsets of the global batch for `step`: a pure function of (seed, step).
+
+    Offsets are drawn from [0, n_tokens - seq_len - 1) (the last window is never drawn; kept so
+    every run's batch stream stays as it was), at least [0, 1): a split of exactly seq_len + 1
+    tokens, which `prepare` and `Dataset.open` accept, has the one window at 0 (numpy's
+    `integers(0, 0)` raised ValueError there: a traceback at the first eval or step)."""
     rng = np.random.default_rng([seed, step])
-    return rng.integers(0, n_tokens - seq_len - 1, size=batch_size, dtype=np.int64)
+    return rng.integers(0, max(n_tokens - seq_len - 1, 1), size=batch_size, dtype=np.int64)
 
 
 def get_batch(tokens: np.ndarray, offsets: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:

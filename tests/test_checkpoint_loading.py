@@ -24,7 +24,8 @@ from jaxpar.tolerances import SHARDED_VS_SINGLE
 TOL = SHARDED_VS_SINGLE["fp32"]["loss"]
 HF_TOL = 1e-5  # jaxpar eval vs transformers on the exported weights (issue 16)
 TINY = ["model.n_layer=4", "model.n_embd=32", "model.n_head=2", "model.vocab_size=256", "train.seq_len=16",
-        "train.batch_size=4", "train.steps=3", "precision=fp32", "train.eval_every=0", "progress=none"]
+        "train.batch_size=4", "train.steps=3", "precision=fp32", "train.eval_every=0", "progress=none",
+        "device_peak_flops=1e12"]
 WINDOWS = 64
 # name -> (mesh and pipeline keys of the training run, processes)
 RUNS = {
@@ -164,3 +165,19 @@ def test_example_09_parallel_then_eval(tmp_path):
     assert _rel(got["transformers"], one) <= HF_TOL
     assert got["same_sample"] is True
     assert any(ln.startswith("ROMEO:") for ln in r.stdout.splitlines())
+
+
+def test_mfu_on_a_mesh_is_against_the_peak_of_every_device(lab):
+    """README (Output): MFU counts the model FLOPs against the device peak; the fsdp x tensor run
+    uses 4 devices (device_peak_flops=1e12 each), so mfu = flops/token * tokens/s / 4e12.
+    Reference: the formula by hand (flops/token from ModelConfig, pinned by test_claims_run)."""
+    from jaxpar.config import from_dict
+
+    out = lab.run_dir("fsdp_tensor")
+    cfg = from_dict(json.loads((out / "config.json").read_text()))
+    assert (cfg.mesh.fsdp, cfg.mesh.tensor, cfg.device_peak_flops) == (2, 2, 1e12)
+    recs = [json.loads(ln) for ln in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    for r in recs:
+        want = cfg.model.flops_per_token(16) * r["tokens_per_s"] / 4e12
+        assert r["mfu"] == pytest.approx(want, rel=1e-12), r

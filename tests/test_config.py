@@ -57,3 +57,31 @@ def test_the_readme_defaults():
     assert (cfg.data, cfg.tokenizer, cfg.model.attention, cfg.progress) == ("", "byte", "auto", "auto")
     assert (cfg.eval.windows, cfg.train.skip_nonfinite, cfg.train.ckpt_every) == (0, False, 0)
     assert all(p.dropout == 0.0 and p.attention == "auto" for p in C.PRESETS.values())
+
+
+@pytest.mark.parametrize("args,refused,msg", [
+    # GPT-2's own shape: seq_len = n_positions (1024/1024; 256/256 for gpt2-tiny) is the longest allowed window
+    (["train.seq_len=256"], ["train.seq_len=257"], "train.seq_len=257 exceeds model.n_positions=256"),
+    # min_lr_ratio = 1: a constant lr after warmup ("in [0, 1]" says both ends are allowed)
+    (["train.min_lr_ratio=1"], ["train.min_lr_ratio=1.0000001"], "train.min_lr_ratio=1.0000001 must be in [0, 1]"),
+    (["train.min_lr_ratio=0"], ["train.min_lr_ratio=-0.5"], "train.min_lr_ratio=-0.5 must be in [0, 1]"),
+    (["train.beta1=0"], ["train.beta1=1"], "train.beta1=1.0 must be in [0, 1)"),
+])
+def test_the_inclusive_ends_of_each_range_are_accepted(args, refused, msg):
+    """Each range's end that its error text includes is accepted; one step past it is refused
+    with that text. Reference: the error texts' own interval notation."""
+    base = ["model=gpt2-tiny"]
+    C.resolve(base + args)
+    with pytest.raises(C.ConfigError) as e:
+        C.resolve(base + refused)
+    assert str(e.value) == msg
+
+
+def test_min_lr_ratio_one_keeps_the_peak_after_warmup():
+    """train.min_lr_ratio=1: lr(s) = lr for every s >= W. Reference: the schedule's definition
+    (torchref.model.lr_at's docstring) by hand: warmup lr*(s+1)/(W+1), then r = 1 -> lr."""
+    from jaxpar.train import lr_schedule
+
+    tc = C.resolve(["train.lr=1e-3", "train.min_lr_ratio=1", "train.warmup_steps=3", "train.steps=10"]).train
+    got = [float(lr_schedule(tc)(s)) for s in range(10)]
+    assert got == pytest.approx([2.5e-4, 5e-4, 7.5e-4] + [1e-3] * 7, rel=1e-6)

@@ -65,3 +65,25 @@ def test_folder_input_reads_txt_and_md(tmp_path):
     (tmp_path / "a.txt").write_text("aaa")
     (tmp_path / "skip.bin").write_bytes(b"zzz")
     assert data.read_text(str(tmp_path)) == "aaa\n\nbbb"
+
+
+def test_a_split_of_exactly_seq_len_plus_one_tokens_gives_its_one_window(tmp_path):
+    """`prepare` and `Dataset.open` accept a split of seq_len+1 tokens (their error texts say
+    "fewer than train.seq_len+1"); its one window starts at 0. Reference: the split itself.
+    numpy's integers(0, 0) made this a ValueError traceback at the first eval."""
+    toks = np.arange(17, dtype=np.uint16)
+    for step in range(3):
+        off = data.batch_offsets(len(toks), 16, 4, seed=0, step=step)
+        assert off.tolist() == [0, 0, 0, 0]
+    x, y = data.get_batch(toks, data.batch_offsets(17, 16, 2, 0, 0), 16)
+    assert x.tolist() == [list(range(16))] * 2 and y.tolist() == [list(range(1, 17))] * 2
+    # a longer split: every window fits (offset + seq_len + 1 <= n)
+    off = data.batch_offsets(40, 16, 64, seed=3, step=5)
+    assert off.min() >= 0 and off.max() + 16 + 1 <= 40
+
+
+def test_eval_windows_when_the_length_is_a_multiple_of_seq_len():
+    """25 tokens, T=5: windows need T+1 tokens each, overlapping by one, so (25-1)//5 = 4 (a fifth
+    would need token 25). Reference: hand count."""
+    x, y = data.eval_windows(np.arange(25, dtype=np.uint16), 5)
+    assert x.shape == (4, 5) and y[-1].tolist() == [16, 17, 18, 19, 20]

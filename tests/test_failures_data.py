@@ -70,3 +70,17 @@ def test_a_changed_data_source_is_prepared_again(tmp_path):
     data.resolve_data(str(b), "byte", run, seq_len=8)
     assert set(np.fromfile(f"{d}/train.bin", "<u2").tolist()) == {ord("b")}
     assert json.loads((tmp_path / "run" / "data" / "meta.json").read_text())["source"] == str(b)
+
+
+def test_data_prepared_with_another_tokenizer_is_prepared_again(tmp_path):
+    """Same source, other tokenizer: another token stream, so `<run>/data` is rewritten, never
+    reused. Reference: the byte tokenizer's ids are the text's bytes; meta.json names the kind."""
+    src = tmp_path / "a.txt"
+    src.write_text("to be or not to be, that is the question. " * 40)
+    run = str(tmp_path / "run")
+    d = data.resolve_data(str(src), "bpe", run, seq_len=8)
+    assert json.loads((tmp_path / "run" / "data" / "meta.json").read_text())["tokenizer"] == "bpe"
+    assert data.resolve_data(str(src), "byte", run, seq_len=8) == d
+    assert json.loads((tmp_path / "run" / "data" / "meta.json").read_text())["tokenizer"] == "byte"
+    ids = np.concatenate([np.fromfile(f"{d}/train.bin", "<u2"), np.fromfile(f"{d}/val.bin", "<u2")])
+    assert ids.tolist() == list(src.read_bytes())

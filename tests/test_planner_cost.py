@@ -138,6 +138,16 @@ def test_state_memory_and_mfu_identities():
     assert e2.memory["grads"] == 8 * n_el
 
 
+
+def test_a_plan_that_needs_exactly_the_memory_limit_fits():
+    """`memory_limit` is what a device holds: a plan needing exactly that many bytes fits, one
+    byte less of limit does not. Reference: the estimate's own memory total."""
+    w, s = Workload(XL, 512, 1024), Strategy(data=8, fsdp=8, remat="selective")
+    need = estimate(w, s, H100).memory["total"]
+    assert estimate(w, s, H100, memory_limit=need).fits is True
+    assert estimate(w, s, H100, memory_limit=need - 1).fits is False
+    assert estimate(w, s, H100).fits is True  # no limit
+
 def test_bubble_and_pipeline_split():
     w = Workload(XL, 64, 1024)
     e = estimate(w, Strategy(data=2, pipe=4, microbatches=8), H100)

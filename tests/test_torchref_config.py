@@ -146,3 +146,33 @@ def test_clip_and_adamw_step_match_optax():
     for n in names:
         np.testing.assert_allclose(tp[n].detach().numpy(), np.asarray(jp[n]), rtol=1e-6, atol=1e-7)
     assert not np.allclose(tp["transformer.wte.weight"].detach().numpy(), p0["transformer.wte.weight"])
+
+
+def test_accumulate_returns_the_mean_loss_and_the_mean_gradient():
+    """`strategies.base.accumulate` over A = 2 microbatches of 3 rows: it returns the mean of the
+    two microbatch losses and leaves in .grad the gradient of the 6-row mean loss. Reference: one
+    cross-entropy over all 6 rows. loss_fn computes in fp32, so the two differ by fp32 rounding
+    only (a few units of 6e-8); a summed or unscaled microbatch loss is off by a factor 2."""
+    import contextlib
+    import types
+
+    import torch
+
+    from torchref.strategies.base import accumulate
+
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(11, 11)
+
+    def model(input_ids):
+        return types.SimpleNamespace(logits=emb(input_ids))
+
+    x, y = torch.randint(0, 11, (6, 4)), torch.randint(0, 11, (6, 4))
+    ctx = types.SimpleNamespace(microbatches=lambda step, worker, n: [(x[0::2], y[0::2]), (x[1::2], y[1::2])],
+                                amp_context=contextlib.nullcontext)
+    got = accumulate(ctx, 0, 0, 1, model)
+    g = emb.weight.grad.clone()
+    emb.weight.grad = None
+    want = torch.nn.functional.cross_entropy(emb(x).reshape(-1, 11), y.reshape(-1))
+    want.backward()
+    assert got == pytest.approx(float(want.detach()), rel=1e-6)
+    assert float((g - emb.weight.grad).abs().max()) <= 1e-6 * float(emb.weight.grad.abs().max())

@@ -166,6 +166,7 @@ def test_sync_fp32_strategy_equals_single(runner, jaxpar_ref, strategy, n, extra
     assert {p["bytes_sent"] for p in workers} == per_worker
 
 
+
 @pytest.mark.parametrize("strategy, n, extra", [
     pytest.param("distributed-ps-amp", 2, [], id="ddp-amp-bf16-2"),
     pytest.param("distributed-ps-amp", 4, [], id="ddp-amp-bf16-4"),
