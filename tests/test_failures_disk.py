@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import resource
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -24,15 +22,18 @@ from cli_helpers import clean_env, run
 ARGS = ["model=gpt2-tiny", "train.batch_size=2", "train.seq_len=32", "progress=none"]
 
 
-def limited(args: list[str], max_file_bytes: int, tool: str = "jaxpar") -> subprocess.CompletedProcess:
-    def pre():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
+# Sets the limit in a fresh interpreter that then execs the CLI: a preexec_fn would run Python in
+# a child forked from this multithreaded (JAX) process, which can deadlock.
+_LIMIT_THEN_EXEC = ("import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+                    "n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); "
+                    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
 
+
+def limited(args: list[str], max_file_bytes: int, tool: str = "jaxpar") -> subprocess.CompletedProcess:
     env = {k: v for k, v in clean_env().items() if not k.startswith("JAX_PERSISTENT_CACHE")
            and k != "JAX_COMPILATION_CACHE_DIR"}
-    return subprocess.run([sys.executable, "-m", f"{tool}.cli", *args], capture_output=True, text=True,
-                          timeout=600, env=env, preexec_fn=pre)
+    return subprocess.run([sys.executable, "-c", _LIMIT_THEN_EXEC, str(max_file_bytes), "-m", f"{tool}.cli", *args],
+                          capture_output=True, text=True, timeout=600, env=env)
 
 
 def losses(out) -> dict[int, float]:
