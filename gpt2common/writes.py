@@ -52,6 +52,16 @@ def describe(code: int) -> str:
     return f"{os.strerror(code)} (errno {code})"
 
 
+def failure_line(e: BaseException) -> str | None:
+    """The one-line message for a storage failure (a WriteFailed, or an OSError `write_errno`
+    recognises, from a write made outside write_atomic), None for anything else. Both CLIs use it."""
+    if isinstance(e, WriteFailed):
+        return str(e)
+    if isinstance(e, OSError) and (code := write_errno(e)) is not None:
+        return f"cannot write {e.filename or 'a file'}: {describe(code)}"
+    return None
+
+
 def write_atomic(path, data: str | bytes) -> None:
     """`path` holds `data` or, when the write fails, its old content (or nothing): the data goes
     to a temporary file renamed over `path`; a failed write removes the temporary file and, for

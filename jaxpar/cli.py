@@ -82,14 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         _error_line(str(e))
         return 2
-    except WriteFailed as e:  # disk full / quota / file-size limit: gpt2common/writes.py
-        writes.silence_orphaned_writes()
-        _error_line(str(e))
-        return writes.WRITE_FAILED_EXIT
-    except OSError as e:  # the same, from a write outside the training loop (config.json, data, metrics)
-        if (code := writes.write_errno(e)) is None:
+    except (WriteFailed, OSError) as e:  # disk full / quota / file-size limit: gpt2common/writes.py
+        if (msg := writes.failure_line(e)) is None:
             raise
-        _error_line(f"cannot write {e.filename or 'a file'}: {writes.describe(code)}")
+        writes.silence_orphaned_writes()
+        _error_line(msg)
         return writes.WRITE_FAILED_EXIT
     except KeyboardInterrupt:
         _error_line("interrupted")

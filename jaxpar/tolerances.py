@@ -32,14 +32,18 @@ U_BF16 = 2.0**-8  # bf16 unit roundoff (8 significand bits)
 BF16_U = U_BF16  # torchref's older name
 
 
-def _native_bf16() -> bool:
-    """True on x86 hosts whose CPU flags include avx512_bf16 or amx_bf16 (this host kind)."""
+def cpu_flags() -> set[str]:
+    """/proc/cpuinfo's `flags` of the first CPU (empty where there is none, e.g. macOS)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+            return set(next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), []))
     except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        return set()
+
+
+def _native_bf16() -> bool:
+    """True on x86 hosts whose CPU flags include avx512_bf16 or amx_bf16 (this host kind)."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 NATIVE_BF16 = _native_bf16()

@@ -128,3 +128,28 @@ def test_torchref_initial_weights_that_cannot_be_written_are_one_error_line(tmp_
     assert r.returncode == 4, r.stderr[-3000:]
     assert r.stderr == f"error: cannot write {out}/init/model.safetensors: File too large (errno 27)\n"
     assert os.listdir(out / "init") == []
+
+
+def test_failure_line_names_the_file_of_a_storage_oserror_and_passes_the_rest_on():
+    """Writes outside write_atomic (meta.json, the tokenizer, a full disk at any file) reach the CLIs
+    as OSError; orbax's as a ValueError that carries tensorstore's `os_error_code`."""
+    import errno
+
+    from gpt2common.writes import WriteFailed, failure_line, write_errno
+
+    full = OSError(errno.ENOSPC, "No space left on device", "/run/data/meta.json")
+    assert failure_line(full) == "cannot write /run/data/meta.json: No space left on device (errno 28)"
+    assert failure_line(OSError(errno.EDQUOT, "Disk quota exceeded")) == "cannot write a file: Disk quota exceeded (errno 122)"
+    assert failure_line(OSError(errno.EACCES, "Permission denied", "/run")) is None  # not storage: a traceback
+    assert failure_line(ValueError("no errno")) is None
+    assert failure_line(WriteFailed("step 3: cannot write x: File too large (errno 27)")) == \
+        "step 3: cannot write x: File too large (errno 27)"
+    ts = ValueError('OUT_OF_RANGE: Error writing "wte/0.0": Failed writing: "/run/ckpt/4.orbax-checkpoint-tmp/d/1": '
+                    "Failed to write 29088 bytes to file 31: No space left on device [os_error_code='28']")
+    try:
+        try:
+            raise ts
+        except ValueError as inner:
+            raise RuntimeError("orbax wrapper") from inner
+    except RuntimeError as outer:
+        assert write_errno(outer) == errno.ENOSPC  # found through the cause chain

@@ -31,6 +31,7 @@ from flax import nnx
 from jaxpar.config import PRESETS, resolve
 from jaxpar.mesh import build_mesh
 from jaxpar.models import gpt2
+from jaxpar.tolerances import cpu_flags
 from jaxpar.train import make_loss_fn
 
 # (overrides, with a dropout key) -> (loss, global grad norm) as float32 hex, per host ISA: XLA:CPU's
@@ -55,11 +56,7 @@ PINS_BY_ISA = {
 
 def host_isa() -> str | None:
     """The key of PINS_BY_ISA this CPU's flags select, None for a kind never pinned (AVX2-only, ARM)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), []))
-    except OSError:
-        return None
+    flags = cpu_flags()
     return next((isa for isa in ("amx_bf16", "avx512_bf16") if isa in flags), None)
 
 

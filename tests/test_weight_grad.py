@@ -13,7 +13,6 @@ bf16; and, in the gpt2 step, which of c_proj's operands is transposed.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 
 import jax

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, args = argv[0], argv[1:]
     from gpt2common.grammar import ConfigError
-    from gpt2common.writes import WRITE_FAILED_EXIT, WriteFailed, describe, write_errno
+    from gpt2common.writes import WRITE_FAILED_EXIT, WriteFailed, failure_line
     from torchref.config import WorkerDied
 
     try:
@@ -71,9 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {one_line(str(e))}\n")  # one write: lines of several processes never join
         return 2
     except (WriteFailed, OSError) as e:  # disk full / quota / file-size limit: gpt2common/writes.py
-        if isinstance(e, OSError) and (code := write_errno(e)) is None:
+        if (msg := failure_line(e)) is None:
             raise
-        msg = str(e) if isinstance(e, WriteFailed) else f"cannot write {e.filename or 'a file'}: {describe(code)}"
         sys.stderr.write(f"error: {one_line(msg)}\n")
         return WRITE_FAILED_EXIT
     except KeyboardInterrupt:
