@@ -8,9 +8,17 @@ full train step: forward + backward + global-norm clip + AdamW update, synchroni
 Fairness rules:
   * torch uses as many intra-op threads as JAX's CPU client (all cores by default, `--threads`);
   * warm-up steps (compilation included) are excluded;
-  * the contenders are interleaved: round r times one step of every contender in turn, so
-    machine noise (other jobs on a shared box) hits all of them alike; we report the median
-    and the spread (p10/p90 over rounds) per contender;
+  * the contenders are interleaved in turns: each turn runs `--settle` untimed steps of one
+    contender, then times `--block` consecutive steps of it, and the turns rotate over the
+    contenders until each has `--rounds` timed steps. Machine noise (other jobs on a shared box)
+    hits all of them alike; we report the median and the spread (p10/p90) per contender.
+    The settle step is there because a contender's first step after another one's is not a
+    training step: torch's OpenMP workers spin-wait after each parallel region (libgomp's
+    default), so they hold a core through the start of whatever runs next. On the 2-core Zen 4
+    host, small fp32, one timed step per turn: jaxpar 0.038-0.053 s/step after a torch step vs
+    0.035-0.036 alone; with OMP_WAIT_POLICY=PASSIVE (torch's threads sleep) 0.036-0.037 but torch
+    1.6x slower; with a settle step 0.036-0.037, torch unchanged (0.041-0.043 either way).
+    Each turn's settle-step times are reported (`settle_s`) so the switch cost stays visible;
   * the ratio is `torch_time / jaxpar_time` (> 1: jaxpar is faster);
   * host memory (`--host-memory`, default both): `jaxpar train` makes glibc keep freed memory
     mapped before JAX starts (jaxpar/host_memory.py), a process-wide malloc setting that the
@@ -89,7 +97,10 @@ def parse_args(argv=None):
     p.add_argument("--precisions", default="fp32,bf16", help="comma list of fp32,bf16")
     p.add_argument("--impls", default=",".join(IMPLS), help="comma list of " + ",".join(IMPLS))
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per contender (after compile)")
-    p.add_argument("--rounds", type=int, default=5, help="timed steps per contender (interleaved)")
+    p.add_argument("--rounds", type=int, default=5, help="timed steps per contender (interleaved in turns)")
+    p.add_argument("--block", type=int, default=3, help="timed consecutive steps per contender turn")
+    p.add_argument("--settle", type=int, default=1,
+                   help="untimed steps at the start of each turn (the previous contender's threads wind down)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0: os.cpu_count() (JAX's)")
     p.add_argument("--torch-bf16", choices=("auto", "full", "skip"), default="auto",
                    help="auto: run torch bf16 only where the CPU has native bf16 matmul (oneDNN avx512_bf16/AMX); "
@@ -167,17 +178,26 @@ def make_torch(cfg, sd, inputs, targets, precision: str, compiled: bool):
 # ----------------------------------------------------------------------------- driver
 
 
+def fail(line: str):
+    """Bad flags: one line on stderr, exit 2 (the repository's CLI contract), no traceback."""
+    print(line, file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     precisions = [s for s in args.precisions.split(",") if s]
     impls = [s for s in args.impls.split(",") if s]
     configs = [s for s in args.configs.split(",") if s]
-    for s in precisions:
-        assert s in ("fp32", "bf16"), s
-    for s in impls:
-        assert s in IMPLS, s
-    for s in configs:
-        assert s in (*CONFIGS, "custom"), s
+    for flag, got, allowed in (("--precisions", precisions, ("fp32", "bf16")), ("--impls", impls, IMPLS),
+                               ("--configs", configs, (*CONFIGS, "custom"))):
+        bad = [s for s in got if s not in allowed]
+        if bad or not got:
+            fail(f"error: {flag} {','.join(bad) or '(empty)'}: expected a comma list of {','.join(allowed)}")
+    for flag, value, least in (("--rounds", args.rounds, 1), ("--block", args.block, 1), ("--settle", args.settle, 0),
+                               ("--warmup", args.warmup, 0)):
+        if value < least:
+            fail(f"error: {flag} {value}: must be >= {least}")
 
     if args.host_memory == "both":
         return run_both(argv, args, precisions, impls)
@@ -260,14 +280,12 @@ def run_config(args, dims, precisions, impls, native_bf16) -> dict:
     # process CPU time (all threads) per step: on a shared box other jobs stretch wall time far
     # more than the CPU time a step burns, so this is the steadier A/B figure there
     cpu: dict[str, list[float]] = {n: [] for n in contenders}
-    for r in range(args.rounds):
-        # Rotate the start so no contender always runs right after the same neighbour.
-        names = list(contenders)
-        names = names[r % len(names):] + names[: r % len(names)]
-        for n in names:
-            t0, c0 = time.perf_counter(), time.process_time()
-            contenders[n]()
-            times[n].append(time.perf_counter() - t0)
+    settle: dict[str, list[float]] = {n: [] for n in contenders}
+    for n, timed in schedule(list(contenders), args.rounds, args.block, args.settle):
+        t0, c0 = time.perf_counter(), time.process_time()
+        contenders[n]()
+        (times[n] if timed else settle[n]).append(time.perf_counter() - t0)
+        if timed:
             cpu[n].append(time.process_time() - c0)
 
     tokens = batch * seq
@@ -279,16 +297,33 @@ def run_config(args, dims, precisions, impls, native_bf16) -> dict:
         results[n] = {"median_s": med, "p10_s": float(q[0]), "p90_s": float(q[1]), "times_s": ts,
                       "tokens_per_s": tokens / med, "gflops_per_s": fpt * tokens / med / 1e9,
                       "first_step_s": compile_s[n], "first_loss": first_loss[n],
-                      "cpu_s": cpu[n], "cpu_median_s": statistics.median(cpu[n])}
+                      "cpu_s": cpu[n], "cpu_median_s": statistics.median(cpu[n]), "settle_s": settle[n]}
     return {
         "config": {"n_layer": mc.n_layer, "n_embd": mc.n_embd, "n_head": mc.n_head, "vocab_size": mc.vocab_size,
                    "seq_len": seq, "batch": batch, "tokens_per_step": tokens,
-                   "flops_per_token": fpt, "warmup": args.warmup, "rounds": args.rounds},
+                   "flops_per_token": fpt, "warmup": args.warmup, "rounds": args.rounds,
+                   "block": args.block, "settle": args.settle},
         "skipped": skipped,
         "results": results,
         "ratios": ratios_of(results, precisions, impls),  # torch median / jaxpar median: > 1 means jaxpar is faster
         "loadavg_end": os.getloadavg(),
     }
+
+
+def schedule(names: list[str], rounds: int, block: int, settle: int) -> list[tuple[str, bool]]:
+    """The interleaved step order: (contender, timed) pairs. Turns of `settle` untimed then up to
+    `block` timed steps of one contender; the turn order rotates by one each pass, so no contender
+    always runs right after the same neighbour; every contender gets exactly `rounds` timed steps."""
+    order: list[tuple[str, bool]] = []
+    left = dict.fromkeys(names, rounds)
+    p = 0
+    while any(left.values()):
+        for n in names[p % len(names):] + names[: p % len(names)]:
+            k = min(block, left[n])
+            order += [(n, False)] * (settle if k else 0) + [(n, True)] * k
+            left[n] -= k
+        p += 1
+    return order
 
 
 def ratios_of(results: dict, precisions, impls) -> dict:
@@ -356,7 +391,8 @@ def write_report(report: dict, out: str) -> None:
 def print_table(name, rep, precisions, impls, threads):
     c = rep["config"]
     print(f"[{name}] GPT-2 L={c['n_layer']} D={c['n_embd']} H={c['n_head']} V={c['vocab_size']} B={c['batch']} "
-          f"T={c['seq_len']}; median of {c['rounds']} interleaved steps; threads={threads}")
+          f"T={c['seq_len']}; median of {c['rounds']} steps, interleaved in turns of {c.get('settle', 0)} untimed + "
+          f"{c.get('block', 1)} timed; threads={threads}")
     print(f"{'contender':<22}{'median s':>10}{'p10':>8}{'p90':>8}{'tok/s':>9}{'GFLOP/s':>9}{'jaxpar x':>10}")
     for prec in precisions:
         for impl in impls:
@@ -364,7 +400,8 @@ def print_table(name, rep, precisions, impls, threads):
             if n not in rep["results"]:
                 continue
             r = rep["results"][n]
-            ratio = "" if impl == "jaxpar" else f"{rep['ratios'].get(f'{prec}/vs_{impl}', float('nan')):.2f}x"
+            x = rep["ratios"].get(f"{prec}/vs_{impl}")
+            ratio = "" if impl == "jaxpar" else "-" if x is None else f"{x:.2f}x"
             print(f"{n:<22}{r['median_s']:>10.3f}{r['p10_s']:>8.3f}{r['p90_s']:>8.3f}{r['tokens_per_s']:>9.0f}"
                   f"{r['gflops_per_s']:>9.1f}{ratio:>10}  {r.get('host_memory', '')}")
     print("jaxpar x = torch median / jaxpar median (> 1: jaxpar faster)", flush=True)

@@ -11,6 +11,10 @@ import statistics
 import subprocess
 import sys
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -42,6 +46,9 @@ def test_single_device_benchmark_micro(tmp_path):
         # kernel accounts other threads' CPU lazily, so a 2 ms window can show 4.7 ms.)
         assert len(r["cpu_s"]) == 2 and all(c > 0 for c in r["cpu_s"])
         assert r["cpu_median_s"] == statistics.median(r["cpu_s"])
+        # --rounds 2 fits one turn of the default --block 3, led by its one --settle step
+        assert len(r["settle_s"]) == 1 and r["settle_s"][0] > 0
+    assert (rep["config"]["block"], rep["config"]["settle"]) == (3, 1)
     # the steps' windows are disjoint, so their CPU times sum to at most the whole process's
     # (a running total would count the imports and compiles once per step)
     assert sum(sum(r["cpu_s"]) for r in rep["results"].values()) <= env["process_cpu_s"]
@@ -77,3 +84,58 @@ def test_merge_runs_takes_jaxpar_from_keep_and_each_torch_contender_from_its_fas
     assert both == {"jaxpar/fp32": (1.0, 0.9), "torch_eager/fp32": (0.8, 0.9),
                     "jaxpar/bf16": (0.5, 0.6), "torch_eager/bf16": (1.5, 0.75)}
     assert rep["loadavg_end"] == [1.0] and rep["loadavg_end_default_run"] == [2.0]
+
+
+def _bench():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import single_device as sd
+    return sd
+
+
+@given(n=st.integers(1, 4), rounds=st.integers(1, 12), block=st.integers(1, 5), settle=st.integers(0, 2))
+def test_schedule_times_each_contender_rounds_steps_in_turns_led_by_settle_steps(n, rounds, block, settle):
+    names = [f"c{i}" for i in range(n)]
+    order = _bench().schedule(names, rounds, block, settle)
+    assert {c: sum(t for m, t in order if m == c) for c in names} == dict.fromkeys(names, rounds)
+    # parse the order back into turns: `settle` untimed steps, then 1..block timed ones, one contender
+    turns, i = [], 0
+    while i < len(order):
+        c = order[i][0]
+        assert order[i:i + settle] == [(c, False)] * settle, (i, order)
+        i += settle
+        k = 0
+        while i < len(order) and order[i] == (c, True) and k < block:
+            i, k = i + 1, k + 1
+        assert k >= 1, (i, order)
+        turns.append((c, k))
+    # full turns until a contender's last one; pass p starts at contender p mod n
+    for c in names:
+        ks = [k for m, k in turns if m == c]
+        assert ks == [block] * (rounds // block) + ([rounds % block] if rounds % block else [])
+    passes = -(-rounds // block)
+    assert len(turns) == n * passes
+    for p in range(passes):
+        assert [m for m, _ in turns[p * n:(p + 1) * n]] == names[p % n:] + names[:p % n]
+
+
+def test_schedule_block_1_settle_0_is_the_old_one_step_rotation():
+    names = ["jaxpar/fp32", "torch_eager/fp32", "torch_compile/fp32"]
+    old = [(m, True) for r in range(5) for m in names[r % 3:] + names[:r % 3]]
+    assert _bench().schedule(names, 5, 1, 0) == old
+
+
+@pytest.mark.parametrize("flags,line", [
+    (["--block", "0"], "error: --block 0: must be >= 1"),
+    (["--settle", "-1"], "error: --settle -1: must be >= 0"),
+    (["--rounds", "0"], "error: --rounds 0: must be >= 1"),
+    (["--impls", "jax,torch_eager"], "error: --impls jax: expected a comma list of jaxpar,torch_eager,torch_compile"),
+    (["--precisions", "fp16"], "error: --precisions fp16: expected a comma list of fp32,bf16"),
+    (["--configs", ","], "error: --configs (empty): expected a comma list of small,mid,gpt2,custom"),
+])
+def test_bad_flags_get_one_error_line_and_exit_2(tmp_path, flags, line):
+    out = tmp_path / "sd.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "single_device.py"), *flags,
+                           "--host-memory", "keep", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (2, line + "\n", "")
+    assert not out.exists()
