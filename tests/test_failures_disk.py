@@ -18,6 +18,7 @@ import sys
 
 import pytest
 from cli_helpers import clean_env, run
+from extras import require_mpiexec
 
 ARGS = ["model=gpt2-tiny", "train.batch_size=2", "train.seq_len=32", "progress=none"]
 
@@ -128,6 +129,31 @@ def test_torchref_initial_weights_that_cannot_be_written_are_one_error_line(tmp_
     assert r.returncode == 4, r.stderr[-3000:]
     assert r.stderr == f"error: cannot write {out}/init/model.safetensors: File too large (errno 27)\n"
     assert os.listdir(out / "init") == []
+
+
+@pytest.mark.parametrize("strategy,workers,world", [("single", 1, 1), ("distributed-ps", 2, 2), ("horovod", 2, 2)])
+def test_a_torchref_rank_that_cannot_append_its_metrics_is_one_error_line(tmp_path, strategy, workers, world):
+    """The write fails in a worker process mid-run, not in the launcher: rank 0 appends metrics.jsonl
+    each step. A 1-layer, 16-wide model keeps every file the launcher writes first (data 18 kB,
+    weights 28 kB) under the limit, which metrics.jsonl (~180 bytes a step) reaches within 200 steps."""
+    if strategy == "horovod":
+        require_mpiexec()
+    text = tmp_path / "t.txt"
+    text.write_text("".join("abcdefgh \n"[(i * 7919) % 10] for i in range(10000)))
+    out = tmp_path / "run"
+    limit = 36_000
+    r = limited(["train", f"strategy={strategy}", f"workers={workers}", "model=gpt2-tiny", "model.n_layer=1",
+                 "model.n_embd=16", "model.n_head=2", "model.n_positions=32", "train.batch_size=2",
+                 "train.seq_len=32", "train.steps=1000", "progress=none", f"data={text}", f"out={out}"],
+                limit, "torchref")
+    assert r.returncode == 4, r.stderr[-3000:]
+    assert os.path.getsize(out / "metrics.jsonl") == limit  # the failed step's line is torn at the limit
+    kept = open(out / "metrics.jsonl").read().splitlines()[:-1]
+    assert [json.loads(ln)["step"] for ln in kept] == list(range(1, len(kept) + 1))
+    others = "; stopped the other 1" if world > 1 else ""
+    assert r.stderr == (f"error: strategy={strategy}: rank 0: step {len(kept) + 1}: cannot write {out}/metrics.jsonl: "
+                        f"File too large (errno 27){others} (logs in {out}/logs)\n")
+    assert not (out / "summary.json").exists()
 
 
 def test_failure_line_names_the_file_of_a_storage_oserror_and_passes_the_rest_on():

@@ -12,6 +12,9 @@ A dying worker never hangs the run: the zygote polls the ranks and, as soon as o
 non-zero, terminates the others (SIGTERM, then SIGKILL after 5 s); under mpiexec the
 failing rank calls MPI_Abort (or is reaped by Hydra), which kills every rank. Collectives also
 carry `timeout_s`. Either way the launcher raises `WorkerDied` (CLI: one line, exit 2).
+A rank whose write the storage refuses (disk full, quota, file-size limit) ends with exit code 4
+and its one-line reason as its log's last line (`end_rank`); the launcher raises that as
+`WriteFailed` (CLI: one line, exit 4, as for the launcher's own writes).
 """
 
 from __future__ import annotations
@@ -104,6 +107,48 @@ def prepare(cfg: RunConfig, ref: RefConfig):
     return job
 
 
+# The last line of a rank's log when the storage refused one of its writes (read by `storage_failure`).
+STORAGE_LOG_PREFIX = "storage failure: "
+
+
+def end_rank(e: BaseException) -> int:
+    """The exit code of a rank that failed with `e`, whose traceback is already in its log. A storage
+    failure (gpt2common.writes) also gets its one-line reason as the log's last line, for the launcher."""
+    from gpt2common.writes import WRITE_FAILED_EXIT, failure_line
+
+    if (line := failure_line(e)) is None:
+        return 1
+    try:  # the log may sit on the full disk itself: then the launcher says less, but still exit 4
+        sys.stderr.write(f"{STORAGE_LOG_PREFIX}{line}\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
+    return WRITE_FAILED_EXIT
+
+
+def storage_failure(job, world: int) -> str | None:
+    """`rank r: <reason>` for the first rank whose log ends in a storage failure (`end_rank`), else None."""
+    for r in range(world):
+        try:
+            with open(os.path.join(job.out, "logs", f"rank{r}.log")) as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        if lines and lines[-1].startswith(STORAGE_LOG_PREFIX):
+            return f"rank {r}: {lines[-1][len(STORAGE_LOG_PREFIX):]}"
+    return None
+
+
+def _storage_or(job, world: int, died: WorkerDied) -> Exception:
+    """What a worker death is reported as: the storage failure behind it (CLI exit 4), else `died`."""
+    from gpt2common.writes import WriteFailed
+
+    if (line := storage_failure(job, world)) is None:
+        return died
+    others = f"; stopped the other {world - 1}" if world > 1 else ""
+    return WriteFailed(f"strategy={job.ref.strategy}: {line}{others} (logs in {job.out}/logs)")
+
+
 def _child(job, rank: int, world: int) -> None:
     """Body of a forked rank: logs to <out>/logs/rank<r>.log; rank 0 keeps stdout for progress."""
     import traceback
@@ -118,10 +163,10 @@ def _child(job, rank: int, world: int) -> None:
         from torchref.worker import run_process
 
         run_process(job, rank, world)
-    except BaseException:  # noqa: BLE001 - any failure must end this rank
+    except BaseException as e:  # noqa: BLE001 - any failure must end this rank
         traceback.print_exc()
         sys.stderr.flush()
-        os._exit(1)
+        os._exit(end_rank(e))
     sys.stdout.flush()
     os._exit(0)
 
@@ -157,8 +202,8 @@ def run_forked(job, world: int) -> None:
     if res["status"] != "ok":
         r, c = res["rank"], res["code"]
         why = f"signal {-c}" if c < 0 else f"exit code {c}"
-        raise WorkerDied(f"strategy={job.ref.strategy}: process rank {r} of {world} died ({why}); "
-                         f"stopped the other {world - 1} (logs in {job.out}/logs)")
+        raise _storage_or(job, world, WorkerDied(f"strategy={job.ref.strategy}: process rank {r} of {world} died "
+                                                 f"({why}); stopped the other {world - 1} (logs in {job.out}/logs)"))
 
 
 def run_mpi(job, world: int) -> None:
@@ -185,8 +230,9 @@ def run_mpi(job, world: int) -> None:
         log.close()
     if rc != 0:
         died = [r for r in range(world) if not os.path.exists(os.path.join(job.out, "procs", f"rank{r}.json"))]
-        raise WorkerDied(f"strategy={job.ref.strategy}: an MPI rank died (mpiexec exit code {rc}, unfinished ranks "
-                         f"{died}); mpiexec stopped the others (logs in {job.out}/logs)")
+        raise _storage_or(job, world, WorkerDied(
+            f"strategy={job.ref.strategy}: an MPI rank died (mpiexec exit code {rc}, unfinished ranks {died}); "
+            f"mpiexec stopped the others (logs in {job.out}/logs)"))
 
 
 def _cuda() -> bool:

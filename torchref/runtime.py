@@ -126,10 +126,13 @@ class Context:
         """`debug.grad_step=K`: the averaged (pre-clip) gradient of step K, HF names, float32."""
         if self.ref.debug.grad_step != step:
             return
-        from safetensors.numpy import save_file
+        from safetensors.numpy import save
 
-        save_file({n: g.detach().float().cpu().numpy().copy() for n, g in named_grads.items()},
-                  os.path.join(self.job.out, f"grads_step{step}.safetensors"))
+        from gpt2common.writes import write_atomic
+
+        # serialised here, written by write_atomic: a refused write names its file (save_file does not)
+        write_atomic(os.path.join(self.job.out, f"grads_step{step}.safetensors"),
+                     save({n: g.detach().float().cpu().numpy().copy() for n, g in named_grads.items()}))
 
     def write_summary(self, role: str, **extra) -> None:
         """Per-process summary: peak RSS and totals; `compare` and the launcher read these."""
@@ -139,8 +142,9 @@ class Context:
         if self.device.type == "cuda":
             d["peak_device_bytes"] = torch.cuda.max_memory_allocated(self.device)
         d.update(extra)
-        with open(os.path.join(self.job.out, "procs", f"rank{self.rank}.json"), "w") as f:
-            json.dump(d, f)
+        from gpt2common.writes import write_atomic
+
+        write_atomic(os.path.join(self.job.out, "procs", f"rank{self.rank}.json"), json.dumps(d))
 
 
 class Metrics:
@@ -157,8 +161,15 @@ class Metrics:
                "step_time_s": step_time}
         rec.update(fields)
         rec.update(self.static)
-        self.f.write(json.dumps(rec) + "\n")
-        self.f.flush()
+        try:
+            self.f.write(json.dumps(rec) + "\n")
+            self.f.flush()
+        except OSError as e:  # a full disk or a file-size limit: the rank ends with one line (launch.end_rank)
+            from gpt2common.writes import WriteFailed, describe, write_errno
+
+            if (code := write_errno(e)) is None:
+                raise
+            raise WriteFailed(f"step {step}: cannot write {self.path}: {describe(code)}") from None
         t = self.ctx.t
         if t.log_every and (step % t.log_every == 0 or step == t.steps):
             print(f"step {step}/{t.steps}  loss {loss:.4f}  {rec['tokens_per_s']:.0f} tok/s  "

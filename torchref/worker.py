@@ -37,10 +37,12 @@ def main() -> None:
         if rank != 0:
             os.dup2(fd, 1)
         run_process(job, rank, comm.Get_size())
-    except BaseException:  # noqa: BLE001 - any failure must end this rank
+    except BaseException as e:  # noqa: BLE001 - any failure must end this rank
+        from torchref.launch import end_rank
+
         traceback.print_exc()
         sys.stderr.flush()
-        comm.Abort(1)
+        comm.Abort(end_rank(e))
 
 
 if __name__ == "__main__":
