@@ -30,9 +30,9 @@ _LIMIT_THEN_EXEC = ("import os, resource, signal, sys; signal.signal(signal.SIGX
                     "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
 
 
-def limited(args: list[str], max_file_bytes: int, tool: str = "jaxpar") -> subprocess.CompletedProcess:
+def limited(args: list[str], max_file_bytes: int, tool: str = "jaxpar", **extra_env) -> subprocess.CompletedProcess:
     env = {k: v for k, v in clean_env().items() if not k.startswith("JAX_PERSISTENT_CACHE")
-           and k != "JAX_COMPILATION_CACHE_DIR"}
+           and k != "JAX_COMPILATION_CACHE_DIR"} | extra_env
     return subprocess.run([sys.executable, "-c", _LIMIT_THEN_EXEC, str(max_file_bytes), "-m", f"{tool}.cli", *args],
                           capture_output=True, text=True, timeout=600, env=env)
 
@@ -136,8 +136,12 @@ def test_a_torchref_rank_that_cannot_append_its_metrics_is_one_error_line(tmp_pa
     """The write fails in a worker process mid-run, not in the launcher: rank 0 appends metrics.jsonl
     each step. A 1-layer, 16-wide model keeps every file the launcher writes first (data 18 kB,
     weights 28 kB) under the limit, which metrics.jsonl (~180 bytes a step) reaches within 200 steps."""
+    # mpiexec's ranks talk through UCX, whose shared-memory transport backs its segments with files far
+    # over the limit (its own ftruncate fails first); its TCP transport keeps the limit on our files only.
+    extra_env = {}
     if strategy == "horovod":
         require_mpiexec()
+        extra_env = {"UCX_TLS": "self,tcp", "MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_NUM_CELLS": "1"}
     text = tmp_path / "t.txt"
     text.write_text("".join("abcdefgh \n"[(i * 7919) % 10] for i in range(10000)))
     out = tmp_path / "run"
@@ -145,7 +149,7 @@ def test_a_torchref_rank_that_cannot_append_its_metrics_is_one_error_line(tmp_pa
     r = limited(["train", f"strategy={strategy}", f"workers={workers}", "model=gpt2-tiny", "model.n_layer=1",
                  "model.n_embd=16", "model.n_head=2", "model.n_positions=32", "train.batch_size=2",
                  "train.seq_len=32", "train.steps=1000", "progress=none", f"data={text}", f"out={out}"],
-                limit, "torchref")
+                limit, "torchref", **extra_env)
     assert r.returncode == 4, r.stderr[-3000:]
     assert os.path.getsize(out / "metrics.jsonl") == limit  # the failed step's line is torn at the limit
     kept = open(out / "metrics.jsonl").read().splitlines()[:-1]

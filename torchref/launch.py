@@ -13,7 +13,7 @@ non-zero, terminates the others (SIGTERM, then SIGKILL after 5 s); under mpiexec
 failing rank calls MPI_Abort (or is reaped by Hydra), which kills every rank. Collectives also
 carry `timeout_s`. Either way the launcher raises `WorkerDied` (CLI: one line, exit 2).
 A rank whose write the storage refuses (disk full, quota, file-size limit) ends with exit code 4
-and its one-line reason as its log's last line (`end_rank`); the launcher raises that as
+and its one-line reason at the end of its log (`end_rank`); the launcher raises that as
 `WriteFailed` (CLI: one line, exit 4, as for the launcher's own writes).
 """
 
@@ -107,13 +107,13 @@ def prepare(cfg: RunConfig, ref: RefConfig):
     return job
 
 
-# The last line of a rank's log when the storage refused one of its writes (read by `storage_failure`).
+# Starts the line a rank's log ends with when the storage refused one of its writes (`storage_failure`).
 STORAGE_LOG_PREFIX = "storage failure: "
 
 
 def end_rank(e: BaseException) -> int:
     """The exit code of a rank that failed with `e`, whose traceback is already in its log. A storage
-    failure (gpt2common.writes) also gets its one-line reason as the log's last line, for the launcher."""
+    failure (gpt2common.writes) also gets its one-line reason at the end of its log, for the launcher."""
     from gpt2common.writes import WRITE_FAILED_EXIT, failure_line
 
     if (line := failure_line(e)) is None:
@@ -127,15 +127,16 @@ def end_rank(e: BaseException) -> int:
 
 
 def storage_failure(job, world: int) -> str | None:
-    """`rank r: <reason>` for the first rank whose log ends in a storage failure (`end_rank`), else None."""
+    """`rank r: <reason>` for the first rank whose log holds a storage failure line (`end_rank`), else None."""
     for r in range(world):
         try:
             with open(os.path.join(job.out, "logs", f"rank{r}.log")) as f:
                 lines = f.read().splitlines()
         except OSError:
             continue
-        if lines and lines[-1].startswith(STORAGE_LOG_PREFIX):
-            return f"rank {r}: {lines[-1][len(STORAGE_LOG_PREFIX):]}"
+        # not always the very last line: MPI_Abort writes its own after it
+        if found := [ln for ln in lines if ln.startswith(STORAGE_LOG_PREFIX)]:
+            return f"rank {r}: {found[-1][len(STORAGE_LOG_PREFIX):]}"
     return None
 
 
