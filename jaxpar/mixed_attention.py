@@ -89,8 +89,9 @@ def causal_attention(q, k, v, dtype=jnp.bfloat16):
 _BLOCK, _MAX_BLOCKS = 64, 8
 
 
-def _n_blocks(T: int) -> int:
-    """How many query blocks `causal_attention` splits T into (1: the unblocked core)."""
+def causal_blocks(T: int) -> int:
+    """How many query blocks `causal_attention` splits T into (1: the unblocked core). The planner's
+    activation model (jaxpar.planner.activations) counts the saved probs with it."""
     if not _BLOCK:
         return 1
     b = max(_BLOCK, -(-T // _MAX_BLOCKS))
@@ -98,7 +99,7 @@ def _n_blocks(T: int) -> int:
 
 
 def _fwd(q, k, v, dtype):
-    if _n_blocks(q.shape[1]) > 1:
+    if causal_blocks(q.shape[1]) > 1:
         return _fwd_blocked(q, k, v, dtype)
     probs = _scores_probs(q, k)
     o = jnp.einsum("bnts,bsnh->btnh", probs.astype(dtype), v, preferred_element_type=F32)
@@ -112,7 +113,7 @@ def _fwd_blocked(q, k, v, dtype):
     dots do (nb + 1) / (2 nb) of the unblocked FLOPs (T = 256: 4 blocks, 5/8), as torch's flash kernel skips them.
     Residual: one fp32 probs block (B, N, b, (i+1)*b) per query block instead of (B, N, T, T)."""
     T = q.shape[1]
-    b = T // _n_blocks(T)
+    b = T // causal_blocks(T)
     outs, probs = [], []
     for lo in range(0, T, b):
         hi = lo + b

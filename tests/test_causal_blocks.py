@@ -30,7 +30,7 @@ B, T, N, HD = 2, 256, 2, 16
 
 def test_block_rule():
     """Blocks of >= 64 rows, at most 8 of them, only when they split T evenly."""
-    assert {t: ma._n_blocks(t) for t in (16, 64, 100, 128, 192, 256, 320, 1024, 2048)} == {
+    assert {t: ma.causal_blocks(t) for t in (16, 64, 100, 128, 192, 256, 320, 1024, 2048)} == {
         16: 1, 64: 1, 100: 1, 128: 2, 192: 3, 256: 4, 320: 5, 1024: 8, 2048: 8}
 
 

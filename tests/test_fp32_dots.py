@@ -57,7 +57,7 @@ def test_every_dot_of_the_fp32_step_is_a_ynnpack_dot(runs):
     T = 128: mixed_attention._fwd_blocked), plus the tied head's 3; the plain path (6 attention dots)
     runs 3 of them in Eigen (both MLP weight gradients and dK): the test's own check that the census
     sees the difference."""
-    assert mixed_attention._n_blocks(T) == 2
+    assert mixed_attention.causal_blocks(T) == 2
     dots = _dots(runs["new"][0])
     assert dots == [("ynn", "f32", "f32", "f32")] * (MC.n_layer * (4 * 3 + 6 * 2) + 3), sorted(set(dots))
     n_dots = MC.n_layer * (4 * 3 + 6) + 3

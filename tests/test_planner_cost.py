@@ -10,6 +10,7 @@ from jaxpar.planner.cost import (
     all_gather,
     all_reduce,
     axis_bandwidths,
+    causal_blocks,
     estimate,
     group_elems,
     layer_activation_bytes,
@@ -93,24 +94,28 @@ def _scan_residuals(capsys, mc, policy, remat, b, t):
     return acts, weights
 
 
+@pytest.mark.parametrize("T", [8, 256])
 @pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu-einsum"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("remat", ["none", "selective", "full"])
-def test_layer_activations_match_the_census(capsys, monkeypatch, gpu, precision, remat):
+def test_layer_activations_match_the_census(capsys, monkeypatch, gpu, precision, remat, T):
     """layer_activation_bytes == the bytes the real model's layer scan saves per layer, for a tiny
     config: on CPU (jaxpar.mixed_attention's core) and on the GPU path (matmuls with compute-dtype
     outputs, the einsum core + jaxpar.softmax: emulated here by turning off CPU's fp32-output
     dots), where bf16 also saves each layer's bf16 weight casts (12·D² elements, the term
-    `estimate` adds as 'saved compute-dtype weight casts'). B = 3 differs from every weight dim."""
+    `estimate` adds as 'saved compute-dtype weight casts'). B = 3 differs from every weight dim.
+    T = 256: the CPU core keeps the probs of its 4 causal query blocks only (5/8 of (T, T))."""
     if gpu:
         from jaxpar import precision as prec
 
         monkeypatch.setattr(prec, "_fp32_out_dots", lambda: False)
-    L, B, T, D, N = 2, 3, 8, 16, 2
-    mc = ModelConfig(n_layer=L, n_embd=D, n_head=N, vocab_size=64, n_positions=16)
+    L, B, D, N = 2, 3, 16, 2
+    mc = ModelConfig(n_layer=L, n_embd=D, n_head=N, vocab_size=64, n_positions=max(T, 16))
     w = Workload(mc, B, T, precision)
     acts, weights = _scan_residuals(capsys, mc, precision, remat, B, T)
-    saved, _ = layer_activation_bytes(w, B, 1, remat, 1, w.cb, probs_copy=gpu and w.cb < 4)
+    blocks = 1 if gpu else causal_blocks(T)
+    assert blocks == (4 if T == 256 and not gpu else 1)
+    saved, _ = layer_activation_bytes(w, B, 1, remat, 1, w.cb, probs_copy=gpu and w.cb < 4, blocks=blocks)
     assert acts == saved, (acts, saved)
     cast = gpu and precision == "bf16" and remat != "full"
     assert weights == (12 * D * D * w.cb if cast else 0)
@@ -255,7 +260,9 @@ def test_elementwise_traffic_term_and_shared_host():
     w = Workload(m, 16, 128, "fp32")
     dev = get_device("cpu", {"mem_bandwidth": "1e9"})
     e = estimate(w, Strategy(data=8), dev)
-    saved, _ = layer_activation_bytes(w, 2, 1, "none", 1, 4)
+    assert causal_blocks(128) == 2  # the CPU core stacks the probs of 2 causal query blocks: 3/4 of (T, T)
+    saved, _ = layer_activation_bytes(w, 2, 1, "none", 1, 4, blocks=2)
+    assert saved < layer_activation_bytes(w, 2, 1, "none", 1, 4)[0]
     want = 4 * STACK_PASSES * saved  # 4 layers
     assert e.traffic_s == pytest.approx(want * 8 / 1e9, rel=1e-12)  # 8 emulated devices share the host
     # remat=full stacks only the block inputs: less traffic, more compute

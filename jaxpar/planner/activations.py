@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 #   (b, T, 1)     fp32 mean and rstd of ln_1 and ln_2                  LN_STATS_BYTES per token
 #   (b, T, N, Hd) q, k, v, attention output                             QKVO_UNITS, split over t
 #   (b, T, 4D)    c_fc output, GELU output                              MLP_UNITS, split over t
-#   (b, N, T, T)  fp32 softmax probs (jaxpar.softmax / mixed_attention save nothing else); on GPUs
+#   (b, N, T, T)  fp32 softmax probs (jaxpar.softmax / mixed_attention save nothing else; on CPU
+#                 mixed_attention keeps only its causal query blocks' share, see `blocks`); on GPUs
 #                 in bf16 the einsum core also keeps their bf16 copy (probs·V's operand)
 # jaxpar.layernorm's hand-written backward saves x + 2 fp32 stats where autodiff kept six fp32
 # (b, T, D) intermediates (recounted 2026-11-23, issue 12 residual diet). On GPUs in bf16 the
@@ -37,9 +38,16 @@ MLP_UNITS = 8  # c_fc out + GELU out, 2 × 4D (split over tensor)
 DROPOUT_MASK_BYTES = 2  # per token per hidden unit: the attention and MLP bias-dropout-add masks
 
 
+def causal_blocks(T: int) -> int:
+    """The number of causal query blocks jaxpar's CPU attention core splits T into (1: unblocked)."""
+    from jaxpar.mixed_attention import causal_blocks as n  # lazily: the rest of the planner needs no jax
+
+    return n(T)
+
+
 def layer_activation_bytes(w: Workload, b: float, t: int, remat: str, mlp_chunks: int,
                            cb: int | None = None, probs_copy: bool | None = None,
-                           megatron: bool = False, seq_parallel: bool = False) -> tuple[float, float]:
+                           megatron: bool = False, seq_parallel: bool = False, blocks: int = 1) -> tuple[float, float]:
     """(saved, live) bytes of one layer for one microbatch of b rows on one device.
 
     saved = T·b·(D·cb·(4 + 12/t) + 16) + N·T²·b/t·(4 + cb·probs_copy)        (remat=none)
@@ -51,7 +59,9 @@ def layer_activation_bytes(w: Workload, b: float, t: int, remat: str, mlp_chunks
     holds while it runs (recompute peak).
     megatron: Megatron-LM's layer instead (see DROPOUT_MASK_BYTES): + 2·sbh dropout-mask bytes
     replicated, probs at 2·cb + 1 bytes per score; seq_parallel (megatron only) splits the
-    replicated part and the saved block input over t (34·sbh/t with selective recompute)."""
+    replicated part and the saved block input over t (34·sbh/t with selective recompute).
+    blocks: the causal query blocks of jaxpar's CPU attention core (`causal_blocks`); with nb of
+    them it keeps probs for (nb + 1) / (2 nb) of the (T, T) scores (T = 256: 4 blocks, 5/8)."""
     T, D, N = w.seq_len, w.model.n_embd, w.model.n_head
     cb = w.cb if cb is None else cb
     probs_copy = cb < 4 if probs_copy is None else probs_copy
@@ -59,7 +69,8 @@ def layer_activation_bytes(w: Workload, b: float, t: int, remat: str, mlp_chunks
     rep = sbh * REP_UNITS * cb + T * b * LN_STATS_BYTES
     qkvo = sbh * QKVO_UNITS * cb / t
     mlp = sbh * MLP_UNITS * cb / t
-    attn = N * T * b / t * 8 if w.attention == "flash" else N * T * T * b / t * (4 + (cb if probs_copy else 0))
+    causal = (blocks + 1) / (2 * blocks)  # 1 unblocked
+    attn = N * T * b / t * 8 if w.attention == "flash" else N * T * T * causal * b / t * (4 + (cb if probs_copy else 0))
     sp = t if megatron and seq_parallel else 1
     if megatron:
         rep = (rep + sbh * DROPOUT_MASK_BYTES) / sp

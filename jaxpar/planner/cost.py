@@ -17,7 +17,8 @@ accumulator when M > 1).
 Activations saved per layer per microbatch (the layer scan's residuals, tests/test_model_residuals.py;
 no dropout masks, no sequence parallelism):  T·b·D·cb·(4 + 12/t) + T·b·16  [ln_1 in/out, ln_2 in/out
 replicated, their fp32 mean/rstd (T, b, 1) ×4; q, k, v, attn out, fc out, gelu out split over t]
-+  N·T²·b/t·4  [fp32 softmax probs; + cb for their compute-dtype copy in bf16 on GPUs]. Flash attention replaces the T² term by the
++  N·T²·b/t·4  [fp32 softmax probs; + cb for their compute-dtype copy in bf16 on GPUs; × (nb+1)/(2nb) for
+the nb causal query blocks of the CPU core, devices.py `causal_blocks`]. Flash attention replaces the T² term by the
 fp32 log-sum-exp N·T·b/t·4. remat=selective drops the T² term (recomputed); remat=full keeps only
 the block input T·b·D·cb; mlp_chunks > 1 drops the 8/t MLP part (recomputed chunk by chunk).
 Pipelines (p > 1) rematerialise each pipeline iteration: saved = (R·M+S-1) stage inputs
@@ -64,6 +65,7 @@ from jaxpar.planner.activations import (  # noqa: F401  (re-exported: per-layer 
     MLP_UNITS,
     QKVO_UNITS,
     REP_UNITS,
+    causal_blocks,
     layer_activation_bytes,
 )
 from jaxpar.planner.devices import DeviceSpec
@@ -301,7 +303,11 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
 
     # The layer scan saves its residuals in the compute dtype even on XLA:CPU (bf16 there too:
     # tests/test_model_residuals.py), and the bf16 copy of the probs only on GPUs (see above).
-    saved, live = layer_activation_bytes(w, b, t, remat, s.mlp_chunks, w.cb, dev.native_bf16 and w.cb < 4, mgl, sp)
+    # The saved probs of the CPU core's causal query blocks: memory and the residual-stacking traffic
+    # below. The FLOPs and the 5-pass traffic still count the full T x T (the cpu row was fitted so).
+    nb = causal_blocks(T) if dev.causal_blocks and w.attention != "flash" and not mgl else 1
+    saved, live = layer_activation_bytes(w, b, t, remat, s.mlp_chunks, w.cb, dev.native_bf16 and w.cb < 4, mgl, sp,
+                                         blocks=nb)
     unit = T * b * D * cb  # one (b, T, D) activation in the compute dtype
     if S > 1:
         # pipeline.py: S·R virtual stages, padded to the largest (lmax layers); one scan of
