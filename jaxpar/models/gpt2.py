@@ -253,7 +253,10 @@ def scan_unroll(n_layer: int) -> int:
     0.30 -> 0.16, 6L/384 9.7 -> 6.2, GPT-2 124M (T256 B2) 23.2 -> 14.7; fp32 (once the weight
     gradients stopped transposing the gelu output, precision._weight_grad) 1.15x, 1.10x, 1.03x
     (before it mid was 1.04x: the transposed copies then fused the gelu recompute). Off CPU the
-    rolled scan (benchmarks/README.md)."""
+    rolled scan (benchmarks/README.md). The price in fp32 is memory: XLA makes the weight
+    gradients' transposed operand copies early and keeps them live, so the compiled step's peak
+    grows (one device: mid 579 -> 686 MiB, GPT-2 124M T256 B2 2430 -> 2595 MiB); in bf16 it
+    shrinks (mid 560 -> 517, GPT-2 2412 -> 2374). jaxpar/planner/README.md, "Rerun 2026-11-25"."""
     return n_layer if jax.default_backend() == "cpu" and n_layer <= 12 else 1
 
 
