@@ -13,7 +13,7 @@ non-zero, terminates the others (SIGTERM, then SIGKILL after 5 s); under mpiexec
 failing rank calls MPI_Abort (or is reaped by Hydra), which kills every rank. Collectives also
 carry `timeout_s`. Either way the launcher raises `WorkerDied` (CLI: one line, exit 2).
 A rank whose write the storage refuses (disk full, quota, file-size limit) ends with exit code 4
-and its one-line reason at the end of its log (`end_rank`); the launcher raises that as
+and its one-line reason at the end of its log (torchref/rank_exit.py); the launcher raises that as
 `WriteFailed` (CLI: one line, exit 4, as for the launcher's own writes).
 """
 
@@ -107,44 +107,12 @@ def prepare(cfg: RunConfig, ref: RefConfig):
     return job
 
 
-# Starts the line a rank's log ends with when the storage refused one of its writes (`storage_failure`).
-STORAGE_LOG_PREFIX = "storage failure: "
-
-
-def end_rank(e: BaseException) -> int:
-    """The exit code of a rank that failed with `e`, whose traceback is already in its log. A storage
-    failure (gpt2common.writes) also gets its one-line reason at the end of its log, for the launcher."""
-    from gpt2common.writes import WRITE_FAILED_EXIT, failure_line
-
-    if (line := failure_line(e)) is None:
-        return 1
-    try:  # the log may sit on the full disk itself: then the launcher says less, but still exit 4
-        sys.stderr.write(f"{STORAGE_LOG_PREFIX}{line}\n")
-        sys.stderr.flush()
-    except OSError:
-        pass
-    return WRITE_FAILED_EXIT
-
-
-def storage_failure(job, world: int) -> str | None:
-    """`rank r: <reason>` for the first rank whose log holds a storage failure line (`end_rank`), else None."""
-    for r in range(world):
-        try:
-            with open(os.path.join(job.out, "logs", f"rank{r}.log")) as f:
-                lines = f.read().splitlines()
-        except OSError:
-            continue
-        # not always the very last line: MPI_Abort writes its own after it
-        if found := [ln for ln in lines if ln.startswith(STORAGE_LOG_PREFIX)]:
-            return f"rank {r}: {found[-1][len(STORAGE_LOG_PREFIX):]}"
-    return None
-
-
 def _storage_or(job, world: int, died: WorkerDied) -> Exception:
     """What a worker death is reported as: the storage failure behind it (CLI exit 4), else `died`."""
     from gpt2common.writes import WriteFailed
+    from torchref.rank_exit import storage_failure
 
-    if (line := storage_failure(job, world)) is None:
+    if (line := storage_failure(job.out, world)) is None:
         return died
     others = f"; stopped the other {world - 1}" if world > 1 else ""
     return WriteFailed(f"strategy={job.ref.strategy}: {line}{others} (logs in {job.out}/logs)")
@@ -167,6 +135,8 @@ def _child(job, rank: int, world: int) -> None:
     except BaseException as e:  # noqa: BLE001 - any failure must end this rank
         traceback.print_exc()
         sys.stderr.flush()
+        from torchref.rank_exit import end_rank
+
         os._exit(end_rank(e))
     sys.stdout.flush()
     os._exit(0)

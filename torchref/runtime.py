@@ -164,7 +164,7 @@ class Metrics:
         try:
             self.f.write(json.dumps(rec) + "\n")
             self.f.flush()
-        except OSError as e:  # a full disk or a file-size limit: the rank ends with one line (launch.end_rank)
+        except OSError as e:  # a full disk or a file-size limit: the rank ends with one line (rank_exit.end_rank)
             from gpt2common.writes import WriteFailed, describe, write_errno
 
             if (code := write_errno(e)) is None:

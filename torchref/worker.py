@@ -38,7 +38,7 @@ def main() -> None:
             os.dup2(fd, 1)
         run_process(job, rank, comm.Get_size())
     except BaseException as e:  # noqa: BLE001 - any failure must end this rank
-        from torchref.launch import end_rank
+        from torchref.rank_exit import end_rank
 
         traceback.print_exc()
         sys.stderr.flush()
