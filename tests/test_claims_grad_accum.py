@@ -56,3 +56,60 @@ def test_grad_accum_equals_the_larger_batch(both):
     # the global norm of the read-back gradient is the step's grad_norm (closed form, float64)
     total = np.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for v in g1.values()))
     assert abs(total - norm1) <= 1e-5 * norm1
+
+
+
+@pytest.fixture(scope="module")
+def accum_run(tmp_path_factory):
+    """A finished `jaxpar train` run (in this process): gpt2-tiny, fp32, 2 steps of 4 x 16 tokens with
+    train.grad_accum=2, then `resume=true` of it with the same train.steps (its stdout). One compile
+    (XLA cache)."""
+    import contextlib
+    import io
+
+    from claims_helpers import xla_cache
+
+    from jaxpar import loop
+    from jaxpar.config import resolve
+    from jaxpar.rundir import resolve_train
+
+    root = tmp_path_factory.mktemp("accum_run")
+    prepared = str(root / "data")
+    data_lib.prepare(data_lib.builtin_text()[:20_000], prepared, "byte", source="tinyshakespeare[:20000]")
+    cfg = resolve(["model=gpt2-tiny", "precision=fp32", "train.steps=2", "train.seq_len=16", "train.batch_size=4",
+                   "train.grad_accum=2", "progress=none", "device_peak_flops=1e12", f"data={prepared}",
+                   f"out={root / 'run'}"])
+    with xla_cache(root / "xla"):
+        assert loop.run_train(cfg) == 0
+        first = (root / "run" / "metrics.jsonl").read_text()
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = loop.run_train(resolve_train({"out": cfg.out, "resume": "true", "progress": "plain"}, None))
+    return cfg, first, rc, buf.getvalue()
+
+
+def test_tokens_per_s_counts_every_microbatch(accum_run):
+    """metrics.jsonl with train.grad_accum=2: a step trains on the whole batch_size x seq_len =
+    4 x 16 = 64 tokens, so tokens_per_s = 64 / step_time_s (not one microbatch's 32), and mfu
+    follows it. Reference: the config's own numbers, by hand."""
+    import json
+
+    cfg, first, _, _ = accum_run
+    recs = [json.loads(ln) for ln in first.splitlines()]
+    assert [r["step"] for r in recs] == [1, 2]
+    for r in recs:
+        assert r["tokens_per_s"] == pytest.approx(4 * 16 / r["step_time_s"], rel=1e-12), r
+        assert r["mfu"] == pytest.approx(cfg.model.flops_per_token(16) * r["tokens_per_s"] / 1e12, rel=1e-12), r
+
+
+def test_resume_of_a_finished_run_is_a_no_op(accum_run):
+    """resume=true with train.steps equal to the checkpoint's step (2) is not "below" it: exit 0,
+    no step trained, metrics.jsonl as it was, ckpt/2 the only checkpoint."""
+    import os
+
+    cfg, first, rc, stdout = accum_run
+    assert rc == 0
+    assert stdout.splitlines()[-2:] == [f"resumed from step 2 ({os.path.join(cfg.out, 'ckpt')})",
+                                        f"done: 2 steps, checkpoint {os.path.join(cfg.out, 'ckpt', '2')}"]
+    assert open(os.path.join(cfg.out, "metrics.jsonl")).read() == first
+    assert os.listdir(os.path.join(cfg.out, "ckpt")) == ["2"]

@@ -28,6 +28,15 @@ def test_yaml_then_cli(tmp_path):
     assert (cfg.train.steps, cfg.train.lr, cfg.mesh.data, cfg.model_name) == (9, 0.01, 2, "gpt2-tiny")
 
 
+def test_a_value_may_hold_an_equals_sign():
+    """key=value splits at the first '=': a path or a prompt may hold '=' itself."""
+    from gpt2common.grammar import parse_kv
+
+    assert parse_kv(["prompt=a=b", "data=/d/x=y", "out="]) == {"prompt": "a=b", "data": "/d/x=y", "out": ""}
+    cfg = C.resolve(["out=runs/lr=1e-3", "data=corpus/a=b.txt"])
+    assert (cfg.out, cfg.data) == ("runs/lr=1e-3", "corpus/a=b.txt")
+
+
 def test_to_from_dict_round_trip():
     cfg = C.resolve(["model=gpt2-tiny", "pipeline.layers_per_stage=[1,1]", "mesh.pipe=2"])
     assert C.from_dict(C.to_dict(cfg)) == cfg
@@ -66,6 +75,8 @@ def test_the_readme_defaults():
     (["train.min_lr_ratio=1"], ["train.min_lr_ratio=1.0000001"], "train.min_lr_ratio=1.0000001 must be in [0, 1]"),
     (["train.min_lr_ratio=0"], ["train.min_lr_ratio=-0.5"], "train.min_lr_ratio=-0.5 must be in [0, 1]"),
     (["train.beta1=0"], ["train.beta1=1"], "train.beta1=1.0 must be in [0, 1)"),
+    # dropout 1 drops everything: inverted dropout would divide by 1 - p = 0
+    (["model.dropout=0"], ["model.dropout=1"], "model.dropout=1.0 must be in [0, 1)"),
 ])
 def test_the_inclusive_ends_of_each_range_are_accepted(args, refused, msg):
     """Each range's end that its error text includes is accepted; one step past it is refused

@@ -82,6 +82,23 @@ def test_a_split_of_exactly_seq_len_plus_one_tokens_gives_its_one_window(tmp_pat
     assert off.min() >= 0 and off.max() + 16 + 1 <= 40
 
 
+def test_prepare_and_open_accept_a_split_of_exactly_seq_len_plus_one_tokens(tmp_path):
+    """170 bytes: val = 170 // 10 = 17 tokens, train 153. seq_len=16 needs 17 per split: accepted by
+    prepare and Dataset.open; seq_len=17 needs 18: both refuse, naming the counts. Reference: the
+    error texts' "fewer than train.seq_len+1" (a split of exactly seq_len+1 holds one window)."""
+    text = bytes(range(65, 65 + 17)) * 10
+    meta = data.prepare(text, tmp_path / "ok", "byte", min_tokens=17)
+    assert (meta["train_tokens"], meta["val_tokens"]) == (153, 17)
+    ds = data.Dataset.open(str(tmp_path / "ok"), 256, 16)
+    assert (len(ds.train), len(ds.val)) == (153, 17)
+    with pytest.raises(ConfigError) as e:
+        data.prepare(text, tmp_path / "no", "byte", source="s", min_tokens=18)
+    assert str(e.value) == "data='s' gives 170 tokens (153 train, 17 val); each split needs at least train.seq_len+1=18"
+    with pytest.raises(ConfigError) as e:
+        data.Dataset.open(str(tmp_path / "ok"), 256, 17)
+    assert str(e.value) == f"val.bin in {str(tmp_path / 'ok')!r} has 17 tokens, fewer than train.seq_len+1=18"
+
+
 def test_eval_windows_when_the_length_is_a_multiple_of_seq_len():
     """25 tokens, T=5: windows need T+1 tokens each, overlapping by one, so (25-1)//5 = 4 (a fifth
     would need token 25). Reference: hand count."""

@@ -67,3 +67,25 @@ def test_convert_never_writes_into_a_non_empty_dir(hf_dir, tmp_path, capsys):
     assert cli.main(["convert", f"checkpoint={tmp_path / 'none'}", f"to_hf={out}"]) == 2
     assert _error(capsys) == f"error: to_hf={str(out)!r} is not empty"
     assert [p.name for p in out.iterdir()] == ["config.json"]
+
+
+def test_converted_run_and_hf_dir_eval_alike_in_fp32(hf_dir, tmp_path, capsys):
+    """convert of a model with n_positions=16 (below the default train.seq_len) gives the run a
+    window it can use, seq_len=16, so eval of the run needs no train.seq_len=; and eval of the HF dir
+    with that window runs in the same exact fp32 (README: eval/sample default to fp32): both print
+    the same loss and token count. Reference: each other (same weights, windows and dtype)."""
+    import json
+
+    from jaxpar.commands import run_config
+
+    out = tmp_path / "run"
+    assert cli.main(["convert", f"hf={hf_dir}", f"out={out}"]) == 0
+    assert run_config(str(out)).train.seq_len == 16
+    data = _tokens(tmp_path / "x.bin", MC.vocab_size - 1)
+    capsys.readouterr()
+    assert cli.main(["eval", f"checkpoint={out}", f"data={data}"]) == 0
+    ran = json.loads(capsys.readouterr().out)
+    assert cli.main(["eval", f"hf={hf_dir}", f"data={data}", "train.seq_len=16"]) == 0
+    direct = json.loads(capsys.readouterr().out)
+    assert ran["tokens"] == direct["tokens"] == 6 * 16  # (100 - 1) // 16 windows
+    assert direct["loss"] == ran["loss"], (direct, ran)

@@ -54,3 +54,20 @@ def test_a_transposed_weight_is_refused_by_name(tmp_path):
     with pytest.raises(ConfigError) as e:
         hf.load_hf(str(tmp_path))
     assert str(e.value) == "HF weight 'h.1.attn.c_attn.weight' has shape (48, 16), expected (16, 48)"
+
+
+def test_config_special_tokens_and_n_inner(tmp_path):
+    """bos/eos are the last id, vocab_size - 1 (GPT-2's <|endoftext|> is 50256 of 50257), never one
+    past the vocab. On import, n_inner may be null or state 4*n_embd (64 here) explicitly, as many HF
+    dirs do; any other MLP width is refused. Reference: GPT2Config's fields, written down here."""
+    hf.save_hf(str(tmp_path), MC, init_params(MC, seed=3))
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert (written["bos_token_id"], written["eos_token_id"], written["n_inner"]) == (39, 39, None)
+    for n_inner in (64, 32):
+        (tmp_path / "config.json").write_text(json.dumps({**written, "n_inner": n_inner}))
+        if n_inner == 64:
+            assert hf.load_hf(str(tmp_path))[0] == MC
+            continue
+        with pytest.raises(ConfigError) as e:
+            hf.load_hf(str(tmp_path))
+        assert str(e.value) == f"{str(tmp_path)!r}: only GPT-2 with gelu_new and n_inner=4*n_embd is supported"

@@ -116,6 +116,17 @@ def test_emulate_devices_per_process(monkeypatch):
         M.emulate_devices_for(MeshConfig(data=3), {"PMI_SIZE": "2"})
 
 
+def test_emulate_one_device_mesh_overrides_a_users_device_count(monkeypatch):
+    """A mesh of 1 (no -1) with the user's own count of 8 in XLA_FLAGS: the flag is rewritten to 1,
+    or build_mesh would meet 8 devices and refuse the silent subset. Reference: the mesh size, 1."""
+    flags = "--xla_force_host_platform_device_count=8"
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    assert M.emulate_devices_for(MeshConfig(), {"XLA_FLAGS": flags}) == 1
+    assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=1"
+    monkeypatch.setenv("XLA_FLAGS", "")  # no flag and one device: nothing to set
+    assert M.emulate_devices_for(MeshConfig(), {"XLA_FLAGS": ""}) == 0 and os.environ["XLA_FLAGS"] == ""
+
+
 @pytest.mark.parametrize("argv,msg", [
     (["nprocs=2", "train"], "launch needs `--` before the command, e.g. jaxpar launch nprocs=2 -- train ..."),
     (["nprocs=0", "--", "train"], "launch: nprocs=0 must be >= 1"),

@@ -207,3 +207,28 @@ def test_lower_bound_never_exceeds_any_strategy_of_its_mesh(dev_name, engine):
         pipelined += p > 1
     assert pipelined >= 10  # the space has pipelined meshes to bound
     assert worst <= 1.0, f"lower bound above a real estimate by {worst:.3f}x"
+
+
+def test_pipe_equal_to_n_layer_is_allowed_and_one_more_is_not():
+    """mesh.pipe=n_layer gives one layer per stage (allowed); n_layer+1 leaves a stage empty.
+    Reference: POW2's 8 layers, and the message's own rule."""
+    from jaxpar.planner.search import Fixed, check_fixed
+
+    w = Workload(POW2, 32, 512)
+    assert check_fixed(w, 8, Fixed(pipe=8)) is None
+    assert check_fixed(w, 16, Fixed(pipe=16)) == "mesh.pipe=16 exceeds model.n_layer=8 (every stage needs a layer)"
+    assert {e.strategy.pipe for e in search(w, 8, H100, 80 * 2**30, fixed=Fixed(pipe=8), top_k=2).ranked} == {8}
+
+
+def test_equal_step_times_rank_the_lighter_plan_first():
+    """On an H100 the best plans of the meshes data=2 and fsdp=2 hide their collectives behind
+    compute: the same step time (7.06 ms both, computed here), and fsdp=2's (ZeRO-3 on the groups
+    it does not replicate) needs less memory (3.762e9 vs 3.781e9 B), so it ranks first; by step
+    time alone the search order would put data=2 first. Reference: the ranking rule (step time,
+    then memory), checked pair by pair."""
+    res = search(Workload(POW2, 32, 512), 2, H100, 80 * 2**30, SearchSpace(), top_k=8)
+    (a, b) = res.ranked[:2]
+    assert a.step_time_s == b.step_time_s and a.memory["total"] < b.memory["total"]
+    assert (a.strategy.data, a.strategy.fsdp) == (1, 2) and (b.strategy.data, b.strategy.fsdp) == (2, 1)
+    for x, y in zip(res.ranked, res.ranked[1:]):
+        assert (x.step_time_s, x.memory["total"]) <= (y.step_time_s, y.memory["total"])

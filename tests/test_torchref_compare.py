@@ -57,3 +57,20 @@ def test_example_six_strategies(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
     for (s, n) in rows:
         assert (out / f"{s}-w{n}" / "hf" / "model.safetensors").is_file()
+
+
+def test_row_medians_leave_out_the_first_step_only():
+    """tokens/s and step time are medians over the steps after the first (which pays for warm-up);
+    bytes are a mean over every step. Reference: medians of the rows written down here, by hand."""
+    from torchref.compare import row_of
+
+    rows = [{"step": i + 1, "tokens_per_s": tps, "step_time_s": st, "bytes_sent": 10, "bytes_received": 30,
+             "loss": 5.0 - i} for i, (tps, st) in enumerate([(1000.0, 0.01), (100.0, 0.5), (300.0, 0.2), (200.0, 0.3),
+                                                             (50.0, 0.9)])]
+    summary = {"strategy": "horovod", "workers": 2, "procs": [{"role": "worker", "peak_rss_bytes": 2**20}],
+               "wall_s": 3.0, "param_bytes": 4, "out": "x"}
+    r = row_of(summary, rows)
+    # steps 2..5: tokens/s 100, 300, 200, 50 -> median 150; step time 0.5, 0.2, 0.3, 0.9 -> 0.4
+    # (steps 1..4 would give 250 and 0.25)
+    assert (r["tokens_per_s"], r["step_time_s"]) == (150.0, 0.4)
+    assert (r["worker_bytes_per_step"], r["server_bytes_per_step"], r["final_loss"]) == (40, None, 1.0)
