@@ -1044,6 +1044,27 @@ MUTANTS: list[Mutant] = [
            "a split of exactly seq_len+1 tokens (accepted by prepare and Dataset.open) draws from integers(0, 0): "
            "a ValueError traceback at the first step or eval (the bug this hunt found in the code itself)",
            (T + "test_data.py::test_a_split_of_exactly_seq_len_plus_one_tokens_gives_its_one_window",)),
+    # ------------------------------------------------------------- an emulated AVX2-only host (hP2)
+    Mutant("cpu_flags_seam_ignored", "host-kind", "jaxpar/tolerances.py",
+           "    if seam is not None:\n",
+           "    if False:\n",
+           "$JAXPAR_CPU_FLAGS is ignored: an emulated AVX2 host keeps native-bf16 bounds, pins and labels",
+           (T + "test_avx2_host.py" + "::test_cpu_flags_seam_replaces_proc_cpuinfo", T + "test_avx2_host.py")),
+    Mutant("avx2_emulation_ynnpack_uncapped", "host-kind", "tests/avx2_host/sitecustomize.py",
+           "    sys.meta_path.insert(0, _CapAfterJaxlib())\n",
+           "    pass\n",
+           "the emulation leaves YNNPACK (every dot) on its AVX-512 / avx512_bf16 kernels: the AVX2 bf16 path never runs",
+           (T + "test_avx2_host.py" + "::test_bf16_gpt2_tiny_within_the_avx2_bounds_under_emulation",)),
+    Mutant("avx2_emulation_xla_uncapped", "host-kind", "tests/avx2_host/sitecustomize.py",
+           'os.environ["XLA_FLAGS"] = f"{_flags} --xla_cpu_max_isa=AVX2".strip()',
+           'os.environ["XLA_FLAGS"] = _flags',
+           "XLA's own kernels keep AVX-512 under the emulation (subprocesses rebuild XLA_FLAGS without the cap)",
+           (T + "test_avx2_host.py" + "::test_bf16_gpt2_tiny_within_the_avx2_bounds_under_emulation",)),
+    Mutant("parity_report_flags_from_proc", "host-kind", "parity_tests/report.py",
+           "flags, model = cpu_flags(), platform.processor()",
+           'flags, model = set(open("/proc/cpuinfo").read().split()), platform.processor()',
+           "the parity report labels an emulated AVX2 host 'native bf16' while its bounds are the doubled AVX2 ones",
+           (T + "test_avx2_host.py" + "::test_parity_report_labels_the_host_kind_the_bounds_were_picked_for",)),
 ]
 
 
