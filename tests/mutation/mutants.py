@@ -1065,6 +1065,11 @@ MUTANTS: list[Mutant] = [
            'flags, model = set(open("/proc/cpuinfo").read().split()), platform.processor()',
            "the parity report labels an emulated AVX2 host 'native bf16' while its bounds are the doubled AVX2 ones",
            (T + "test_avx2_host.py" + "::test_parity_report_labels_the_host_kind_the_bounds_were_picked_for",)),
+    Mutant("example07_xla_flags_setdefault", "examples", "examples/07_plan.py",
+           "emulate_host_devices(8)\n",
+           'os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")\n',
+           "a user's own XLA_FLAGS (or the AVX2 emulation's) leaves example 07 one device: 'needs 8 devices but 1'",
+           (T + "test_example_07_plan.py",)),
 ]
 
 
