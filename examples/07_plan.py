@@ -16,8 +16,11 @@ import json
 import os
 import sys
 
-# 8 emulated CPU devices for part 2; must be set before JAX initialises.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from jaxpar.mesh import emulate_host_devices
+
+# 8 emulated CPU devices for part 2, before JAX initialises; keeps the user's other XLA_FLAGS
+# (a setdefault left a user's own XLA_FLAGS without the device count: "needs 8 devices but 1").
+emulate_host_devices(8)
 
 
 def main(argv: list[str] | None = None) -> int:

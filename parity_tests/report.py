@@ -31,14 +31,12 @@ def host() -> dict:
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=root).stdout.strip()  # noqa: E731
-    flags, model = set(), platform.processor()
+    from jaxpar.tolerances import cpu_flags
+
+    flags, model = cpu_flags(), platform.processor()  # cpu_flags: the host kind the bounds were picked for
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-                elif line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
     except OSError:
         pass
     return {"date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
