@@ -22,7 +22,9 @@ import subprocess
 import sys
 import time
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from jaxpar.mesh import emulate_host_devices  # noqa: E402
+
+emulate_host_devices(8)  # before JAX initialises; keeps a user's other XLA_FLAGS (setdefault left them 1 device)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 MODEL = {"model.n_layer": 4, "model.n_embd": 256, "model.n_head": 8, "model.vocab_size": 2048,

@@ -6,8 +6,12 @@ emulated CPU devices that prints the pipeline bubble.
 
 import os
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"  # before JAX initialises
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from jaxpar.mesh import emulate_host_devices  # noqa: E402
+
+# 8 emulated CPU devices, before JAX initialises; the user's other XLA_FLAGS stay (they were overwritten)
+emulate_host_devices(8)
 
 import tempfile  # noqa: E402
 import time  # noqa: E402

@@ -281,9 +281,12 @@ def test_pipelined_training_matches_single_device_slow(tmp_path, name):
     _check(_run_worker(tmp_path, "train", name)[name])
 
 
-def test_example_04_partitions_trains_and_prints_bubble():
+def test_example_04_partitions_trains_and_prints_bubble(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    # a user's own XLA flag survives the example's device count (it overwrote XLA_FLAGS): the dump appears
+    dump = tmp_path / "xla_dump"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {
+        "XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_module_re=train_step --xla_dump_hlo_pass_re=NONE"}
     r = subprocess.run([sys.executable, os.path.join(root, "examples", "04_pipeline.py")], capture_output=True,
                        text=True, timeout=600, env=env, cwd=root)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -293,6 +296,7 @@ def test_example_04_partitions_trains_and_prints_bubble():
     losses = [float(ln.split()[3]) for ln in out if ln.startswith("step ")]
     assert len(losses) == 8 and losses[-1] < 0.75 * losses[0] and np.isfinite(losses).all()
     assert "bubble: theory 0.2000, counted 2/10 idle stage-iterations = 0.2000" in out
+    assert any(f.name.endswith("jit_train_step.cpu_after_optimizations.txt") for f in dump.iterdir())
 
 
 if __name__ == "__main__":
