@@ -25,8 +25,11 @@ import os
 import sys
 import time
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from jaxpar.mesh import emulate_host_devices  # noqa: E402
+
+emulate_host_devices(8)  # before JAX initialises; keeps a user's other XLA_FLAGS (setdefault left them 1 device)
 
 # The model of benchmarks/planner_accuracy.py (fp32: XLA:CPU upcasts bf16 matmuls anyway).
 MODEL = {"model.n_layer": 4, "model.n_embd": 256, "model.n_head": 8, "model.vocab_size": 2048,
