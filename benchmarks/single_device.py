@@ -76,15 +76,6 @@ def cpu_flags() -> list[str]:
     return [c for c in CPU_FLAGS if c in have]
 
 
-def cpu_model() -> str:
-    """/proc/cpuinfo's model name: two hosts with the same flags (Intel AMX vs AMD Zen 4 without it) differ."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
-    except OSError:
-        return ""
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", default="small,mid,gpt2", help="comma list of " + ",".join([*CONFIGS, "custom"]))
@@ -209,13 +200,15 @@ def main(argv=None) -> dict:
     import jax
     import torch
 
+    from jaxpar import tolerances
+
     threads = args.threads or os.cpu_count()
     torch.set_num_threads(threads)
     native_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     load_before = os.getloadavg()
     report = {
         "env": {"jax": jax.__version__, "torch": torch.__version__, "threads": threads,
-                "cpu_count": os.cpu_count(), "cpu_model": cpu_model(), "cpu_flags": cpu_flags(), "jax_devices": str(jax.devices()),
+                "cpu_count": os.cpu_count(), "cpu_model": tolerances.cpu_model(), "cpu_flags": cpu_flags(), "jax_devices": str(jax.devices()),
                 "platform": platform.platform(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
                 "loadavg_before": load_before, "torch_native_bf16": native_bf16,
                 "host_memory": args.host_memory, "host_memory_kept": kept},

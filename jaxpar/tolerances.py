@@ -45,13 +45,23 @@ def cpu_flags() -> set[str]:
     return proc_cpu_flags()
 
 
-def proc_cpu_flags() -> set[str]:
-    """/proc/cpuinfo's `flags` of the first CPU, whatever $JAXPAR_CPU_FLAGS says."""
+def _cpuinfo(field: str) -> str:
+    """The first CPU's `field` line of /proc/cpuinfo ("" where there is none, e.g. macOS)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return set(next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), []))
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith(field)), "")
     except OSError:
-        return set()
+        return ""
+
+
+def proc_cpu_flags() -> set[str]:
+    """/proc/cpuinfo's `flags` of the first CPU, whatever $JAXPAR_CPU_FLAGS says."""
+    return set(_cpuinfo("flags").split())
+
+
+def cpu_model() -> str:
+    """/proc/cpuinfo's model name: two hosts with the same flags (Intel AMX vs AMD Zen 4 without it) differ."""
+    return _cpuinfo("model name")
 
 
 def _native_bf16() -> bool:

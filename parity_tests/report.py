@@ -31,14 +31,9 @@ def host() -> dict:
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=root).stdout.strip()  # noqa: E731
-    from jaxpar.tolerances import cpu_flags
+    from jaxpar.tolerances import cpu_flags, cpu_model
 
-    flags, model = cpu_flags(), platform.processor()  # cpu_flags: the host kind the bounds were picked for
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
-    except OSError:
-        pass
+    flags, model = cpu_flags(), cpu_model() or platform.processor()  # cpu_flags: the host kind the bounds were picked for
     return {"date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
             "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
             "cpu": model, "cores": os.cpu_count(), "cpu_flags": {f: f in flags for f in CPU_FLAGS},

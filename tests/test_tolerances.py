@@ -33,3 +33,18 @@ def test_bf16_bounds_tighten_on_native_bf16_hosts():
     assert T.BF16_HOST_FACTOR == (1.0 if T.NATIVE_BF16 else 2.0)
     assert T.LOSS_RTOL_AMP == T.U_BF16 / 16 * T.BF16_HOST_FACTOR  # U_BF16 / sqrt(B*T), B*T = 256
     assert T.LOSS_RTOL_FP32 == T.TABLE["torchref.fp32.loss"].value  # fp32 bounds do not depend on the host
+
+
+def test_cpuinfo_readers_take_the_first_cpus_model_name_and_flags_lines():
+    """Reference: the lines matched by a regex here (model name, not the numeric `model` before it)."""
+    import os
+    import re
+
+    if not os.path.exists("/proc/cpuinfo"):
+        assert (T.cpu_model(), T.proc_cpu_flags()) == ("", set())
+        return
+    text = open("/proc/cpuinfo").read()
+    model = re.search(r"^model name\s*:\s*(.*?)\s*$", text, re.M)
+    flags = re.search(r"^flags\s*:\s*(.*?)\s*$", text, re.M)
+    assert T.cpu_model() == (model[1] if model else "")
+    assert T.proc_cpu_flags() == (set(flags[1].split()) if flags else set())
