@@ -68,16 +68,28 @@ def write_atomic(path, data: str | bytes) -> None:
     a storage failure, raises WriteFailed naming `path`."""
     path = os.fspath(path)
     tmp = path + ".tmp"
+    with refused_write(path):
+        try:
+            with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+
+
+@contextlib.contextmanager
+def refused_write(path, step: int | None = None):
+    """Writes to `path` inside: a storage OSError becomes WriteFailed naming `path` (and the
+    run's `step`, when given); any other error passes unchanged."""
     try:
-        with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        yield
     except OSError as e:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
         if (code := write_errno(e)) is None:
             raise
-        raise WriteFailed(f"cannot write {path}: {describe(code)}") from None
+        at = "" if step is None else f"step {step}: "
+        raise WriteFailed(f"{at}cannot write {os.fspath(path)}: {describe(code)}") from None
 
 
 def silence_orphaned_writes() -> None:

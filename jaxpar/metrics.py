@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from gpt2common.writes import WriteFailed, describe, write_atomic, write_errno
+from gpt2common.writes import WriteFailed, refused_write, write_atomic
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -82,13 +82,12 @@ class MetricsLogger:
         if not self.enabled:
             return
         try:
-            self.file.write(json.dumps(rec) + "\n")
-            self.file.flush()
-        except OSError as e:
-            if (code := write_errno(e)) is None:
-                raise
+            with refused_write(self.path, rec["step"]):
+                self.file.write(json.dumps(rec) + "\n")
+                self.file.flush()
+        except WriteFailed:
             self.write_failed = True
-            raise WriteFailed(f"step {rec['step']}: cannot write {self.path}: {describe(code)}") from None
+            raise
         if self.tb is not None:
             for k, v in rec.items():
                 if k != "step" and isinstance(v, (int, float)):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gpt2common.writes import refused_write, write_atomic
 from torchref.config import RefConfig, ref_from_dict, ref_to_dict
 from torchref.run_config import RunConfig, run_from_dict, run_to_dict
 
@@ -128,8 +129,6 @@ class Context:
             return
         from safetensors.numpy import save
 
-        from gpt2common.writes import write_atomic
-
         # serialised here, written by write_atomic: a refused write names its file (save_file does not)
         write_atomic(os.path.join(self.job.out, f"grads_step{step}.safetensors"),
                      save({n: g.detach().float().cpu().numpy().copy() for n, g in named_grads.items()}))
@@ -142,8 +141,6 @@ class Context:
         if self.device.type == "cuda":
             d["peak_device_bytes"] = torch.cuda.max_memory_allocated(self.device)
         d.update(extra)
-        from gpt2common.writes import write_atomic
-
         write_atomic(os.path.join(self.job.out, "procs", f"rank{self.rank}.json"), json.dumps(d))
 
 
@@ -161,15 +158,10 @@ class Metrics:
                "step_time_s": step_time}
         rec.update(fields)
         rec.update(self.static)
-        try:
+        # a full disk or a file-size limit: the rank ends with one line (rank_exit.end_rank)
+        with refused_write(self.path, step):
             self.f.write(json.dumps(rec) + "\n")
             self.f.flush()
-        except OSError as e:  # a full disk or a file-size limit: the rank ends with one line (rank_exit.end_rank)
-            from gpt2common.writes import WriteFailed, describe, write_errno
-
-            if (code := write_errno(e)) is None:
-                raise
-            raise WriteFailed(f"step {step}: cannot write {self.path}: {describe(code)}") from None
         t = self.ctx.t
         if t.log_every and (step % t.log_every == 0 or step == t.steps):
             print(f"step {step}/{t.steps}  loss {loss:.4f}  {rec['tokens_per_s']:.0f} tok/s  "
