@@ -35,8 +35,8 @@ the fully masked upper blocks are never computed, as torch's flash attention ker
 time, one process, old/new): the fp32 core alone 1.25x at B8 T256 N6 Hd64; whole step mid fp32
 1.05x, mid bf16 1.035x (benchmarks/README.md, seventh pass). o and dQ equal the unblocked core's;
 dK/dV add the blocks' zero-padded contributions, another fp32 order (tests/test_causal_blocks.py).
-The saved probs shrink to the same (nb + 1) / (2 nb) (jaxpar.planner's activation model still
-counts the full (B, N, T, T): conservative for T >= 128 on CPU).
+The saved probs shrink to the same (nb + 1) / (2 nb), as jaxpar.planner's activation model counts
+them on CPU devices (`causal_blocks`, DeviceSpec.causal_blocks).
 
 Numerics (the bf16 policy): q, k, v, probs and cotangents enter dots as bf16, every dot
 accumulates and returns fp32; scores, softmax and its backward are fp32 (from the saved fp32
