@@ -115,8 +115,11 @@ def _mixed_bwd(spec, dtype, a_elementwise, res, g):
     ta, tb = _transpose_specs(spec)
     g = g.astype(dtype)
     da = jnp.einsum(ta, g, b.astype(dtype), preferred_element_type=jnp.float32)
-    a_cost = RECOMPUTED_COPY_COST if a_elementwise and dtype == jnp.float32 else 1
-    db = _weight_grad(tb, a.astype(dtype), g, a_cost)
+    if _fp32_out_dots():  # XLA:CPU: the weight gradient in the operand order YNNPACK takes
+        a_cost = RECOMPUTED_COPY_COST if a_elementwise and dtype == jnp.float32 else 1
+        db = _weight_grad(tb, a.astype(dtype), g, a_cost)
+    else:  # GPU: cuBLAS takes any operand order
+        db = jnp.einsum(tb, a.astype(dtype), g, preferred_element_type=jnp.float32)
     return da.astype(a.dtype), db.astype(b.dtype)
 
 
@@ -150,9 +153,12 @@ class Policy:
         a_elementwise: `a` is an elementwise function's output (gelu); see `mixed_einsum`."""
         if self.compute_dtype == jnp.float32 and not _fp32_out_dots():
             return jnp.einsum(spec, a.astype(jnp.float32), b.astype(jnp.float32))
-        if _fp32_out_dots():  # CPU: bf16 x bf16 -> fp32, or fp32 with YNNPACK's backward forms
-            return mixed_einsum(spec, a, b, self.compute_dtype, a_elementwise)
-        return jnp.einsum(spec, self.cast(a), self.cast(b), preferred_element_type=jnp.float32)
+        # CPU: bf16 x bf16 -> fp32, or fp32 with YNNPACK's backward forms. GPU bf16: the same custom
+        # VJP, for its backward: jax's own transpose feeds the fp32 cotangent (the (B, T, V) dlogits)
+        # to fp32 x fp32 dots, TF32 on Hopper; mixed_einsum casts it to bf16 first (as torch.autocast
+        # does). Measured on one H200, GPT-2 350M B8 T1024: the head's two backward dots took 11.8 of
+        # the step's 68 ms at 133-150 TFLOP/s (benchmarks/README.md, "GPU, first lease").
+        return mixed_einsum(spec, a, b, self.compute_dtype, a_elementwise)
 
     def linear(self, spec: str, x, w, bias=None, x_elementwise: bool = False):
         """einsum(x, w) (+ bias in fp32), in the compute dtype: every matmul of the blocks.

@@ -1,4 +1,5 @@
-"""Default XLA flags on GPU: overlap collectives with compute, as production JAX trainers do.
+"""Default XLA flags on GPU: overlap collectives with compute and run matmuls in cuBLAS, as production
+JAX trainers do.
 
 XLA reads `XLA_FLAGS` once, when JAX initialises its backend, so the CLI calls
 `apply_gpu_defaults()` before any JAX import. The flags (MaxText / NVIDIA JAX-Toolbox
@@ -12,6 +13,11 @@ practice; names checked against this jaxlib, which rejects unknown flags at star
   --xla_gpu_enable_while_loop_double_buffering=true  unroll the layer scan by 2 so the above can overlap
   --xla_gpu_{all_gather,reduce_scatter,all_reduce}_combine_threshold_bytes=134217728
                                                    fewer, larger collectives (128 MiB buckets)
+  --xla_gpu_enable_triton_gemm=false               every matmul through cuBLAS, none as a Triton
+                                                   gemm fusion (NVIDIA JAX-Toolbox's GPU_performance.md).
+                                                   Measured on one H200, jax 0.11.2, bf16 seq 1024, median
+                                                   step: GPT-2 124M B16 44.2 -> 38.3 ms, 350M B8 53.2 ->
+                                                   50.4 ms (benchmarks/README.md, "gpu_mfu.py")
 
 Only on a machine with an NVIDIA GPU (a /dev/nvidia* device or nvidia-smi on PATH) and unless
 JAX_PLATFORMS excludes it; a flag the user already set in XLA_FLAGS keeps the user's value.
@@ -34,6 +40,7 @@ GPU_FLAGS = (
     "--xla_gpu_all_gather_combine_threshold_bytes=134217728",
     "--xla_gpu_reduce_scatter_combine_threshold_bytes=134217728",
     "--xla_gpu_all_reduce_combine_threshold_bytes=134217728",
+    "--xla_gpu_enable_triton_gemm=false",
 )
 
 

@@ -49,3 +49,13 @@ def test_fp32_layer_scan_is_unrolled_on_cpu_with_the_rolled_values():
         scale = np.abs(r).max()
         assert scale > 0, path
         assert np.abs(g - r).max() <= TOL["grad"] * scale, (jax.tree_util.keystr(path), np.abs(g - r).max() / scale)
+
+
+@pytest.mark.parametrize("backend, n_layer, unroll", [
+    ("cpu", 12, 12), ("cpu", 13, 1),  # CPU: up to 12 layers (compile time)
+    ("gpu", 24, 24), ("gpu", 48, 1),  # GPU: GPT-2 350M's 24 measured unrolled on one H200; 1.5B's 48 not
+    ("tpu", 2, 1),  # elsewhere the rolled scan
+])
+def test_how_many_layers_one_scan_step_runs_per_backend(monkeypatch, backend, n_layer, unroll):
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    assert gpt2.scan_unroll(n_layer) == unroll

@@ -1,0 +1,155 @@
+"""Where one GPU train step's time goes: a jax.profiler trace of the real step, summed per kernel.
+
+    python benchmarks/gpu_profile.py [--model gpt2-medium] [--batch 8] [--seq 1024] [--steps 3]
+                                     [--out benchmarks/results/gpu_profile.json]
+
+Builds the step exactly as benchmarks/gpu_mfu.py does, warms it up, traces `--steps` steps
+(`jax.profiler.trace(..., create_perfetto_trace=True)`) and reads the Chrome-format trace back:
+every complete event on the device's streams, summed by kernel name and by class (matmul,
+attention, copies, the rest), and every 'XLA Ops' event by HLO instruction (with the HLO text the
+trace carries), per step, next to the step's wall time. Kernel busy time below the wall time is
+time the GPU waited (host, launches, synchronisation). On a machine without a GPU it refuses:
+one line, exit 2 (tests/test_bench_gpu_mfu.py tests the parser on a synthetic trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from jaxpar import xla_flags  # noqa: E402
+
+# kernel-name fragments -> class; the first match wins (cuBLAS/CUTLASS gemms, cuDNN attention)
+CLASSES = (("attention", ("fmha", "flash", "cudnn", "sdpa")),
+           ("matmul", ("gemm", "cutlass", "xmma", "sm90_", "nvjet", "cublas", "dot")),
+           ("copy", ("memcpy", "memset", "copy")))
+
+
+def kernel_class(name: str) -> str:
+    n = name.lower()
+    return next((c for c, keys in CLASSES if any(k in n for k in keys)), "other")
+
+
+def device_threads(trace: dict) -> dict[tuple, str]:
+    """{(pid, tid): thread name} of the '/device:GPU:*' processes. Their 'Stream #..' threads hold
+    the kernels; the 'XLA Ops' thread the same time again, by HLO instruction."""
+    ev = trace["traceEvents"]
+    gpu = {e["pid"] for e in ev if e.get("ph") == "M" and e.get("name") == "process_name"
+           and "/device:GPU" in e["args"]["name"]}
+    return {(e["pid"], e["tid"]): e["args"]["name"] for e in ev
+            if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] in gpu}
+
+
+def complete_events(trace: dict, threads: dict[tuple, str], which: str) -> list[dict]:
+    """The complete ('X') events on the threads whose name contains `which`."""
+    keep = {k for k, n in threads.items() if which in n}
+    return [e for e in trace["traceEvents"] if e.get("ph") == "X" and (e["pid"], e.get("tid")) in keep and "dur" in e]
+
+
+def summarize(events: list[dict], steps: int, top: int = 40) -> dict:
+    """Per-step milliseconds by name and by class; busy = the union of the events' intervals."""
+    by_name, by_class = collections.Counter(), collections.Counter()
+    for e in events:
+        by_name[e["name"]] += e["dur"] / 1e3 / steps
+        by_class[kernel_class(e["name"])] += e["dur"] / 1e3 / steps
+    busy, end = 0.0, -math.inf
+    for s, d in sorted((e["ts"], e["dur"]) for e in events):
+        if s + d > end:
+            busy += s + d - max(s, end)
+            end = s + d
+    return {"busy_ms": busy / 1e3 / steps, "by_class_ms": dict(by_class.most_common()),
+            "top_ms": dict(by_name.most_common(top)), "events_per_step": len(events) / steps}
+
+
+def op_text(events: list[dict], names) -> dict[str, str]:
+    """The HLO text the trace carries for each of `names` (its 'long_name' argument), cut to 300 chars."""
+    out = {}
+    for e in events:
+        if e["name"] in names and e["name"] not in out:
+            out[e["name"]] = str(e.get("args", {}).get("long_name", ""))[:300]
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="gpt2-medium")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--attention", default="auto", choices=("auto", "xla", "cudnn"))
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                 "gpu_profile.json"))
+    args = p.parse_args(argv)
+    if not xla_flags.has_nvidia_gpu():
+        print("error: gpu_profile.py profiles the GPU step and needs an NVIDIA GPU (none here: no /dev/nvidia*, "
+              f"no nvidia-smi, or JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r})", file=sys.stderr)
+        return 2
+    xla_flags.apply_gpu_defaults()
+    import dataclasses
+
+    import jax
+    import numpy as np
+
+    from jaxpar.config import PRESETS, Config, TrainConfig
+    from jaxpar.mesh import build_mesh
+    from jaxpar.models.gpt2 import init_params
+    from jaxpar.train import build_trainer
+
+    mc = dataclasses.replace(PRESETS[args.model], attention=args.attention)
+    cfg = Config(model=mc, model_name=args.model, precision="bf16",
+                 train=TrainConfig(batch_size=args.batch, seq_len=args.seq))
+    trainer = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))
+    state = trainer.init_state(init_params(mc, 0))
+    toks = np.random.default_rng(0).integers(0, mc.vocab_size, (args.batch, args.seq + 1)).astype(np.int32)
+    x, y = trainer.put_batch(toks[:, :-1]), trainer.put_batch(toks[:, 1:])
+    for _ in range(3):  # compile and settle
+        state, m = trainer.step_fn(state, x, y)
+        float(m["loss"])
+    logdir = tempfile.mkdtemp(prefix="jaxpar_prof_")
+    t0 = time.perf_counter()
+    with jax.profiler.trace(logdir, create_perfetto_trace=True):
+        for _ in range(args.steps):
+            state, m = trainer.step_fn(state, x, y)
+        float(m["loss"])
+    wall = (time.perf_counter() - t0) / args.steps * 1e3
+    path = sorted(glob.glob(os.path.join(logdir, "**", "*.trace.json.gz"), recursive=True))[-1]
+    with gzip.open(path) as f:
+        trace = json.load(f)
+    threads = device_threads(trace)
+    kernels = summarize(complete_events(trace, threads, "Stream"), args.steps)
+    op_events = complete_events(trace, threads, "XLA Ops")
+    ops = summarize(op_events, args.steps)
+    ops["text"] = op_text(op_events, set(list(ops["top_ms"])[:25]))
+    report = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "model": args.model, "batch": args.batch,
+              "seq": args.seq, "attention": args.attention, "steps": args.steps, "wall_ms": wall,
+              "xla_flags": os.environ.get("XLA_FLAGS", ""), "threads": sorted(set(threads.values())),
+              "kernels": kernels, "ops": ops}
+    print(f"{args.model} B={args.batch} T={args.seq} on {report['device']}: wall {wall:.1f} ms/step (traced), "
+          f"kernels busy {kernels['busy_ms']:.1f} ms/step ({kernels['events_per_step']:.0f}/step), "
+          f"XLA ops busy {ops['busy_ms']:.1f} ms/step; threads {report['threads']}")
+    for c, ms in kernels["by_class_ms"].items():
+        print(f"  {c:<10} {ms:8.2f} ms/step")
+    for n, ms in list(kernels["top_ms"].items())[:20]:
+        print(f"  {ms:8.2f}  {n[:110]}")
+    print("  by XLA op:")
+    for n, ms in list(ops["top_ms"].items())[:20]:
+        print(f"  {ms:8.2f}  {n[:40]:<40} {ops['text'].get(n, '')[:90]}")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
