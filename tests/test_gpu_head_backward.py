@@ -31,7 +31,7 @@ def _dots(jaxpr) -> list[tuple]:
 def test_gpu_bf16_head_backward_dots_are_bf16_with_fp32_outputs(monkeypatch):
     monkeypatch.setattr(precision, "_fp32_out_dots", lambda: False)
     pol = precision.get_policy("bf16")
-    B, T, D, V = 2, 8, 16, 40
+    B, T, D, V = 2, 64, 16, 40  # B*T*D + D*V < B*T*V: the shapes where CPU's YNNPACK form would swap
     x = jnp.asarray(np.random.default_rng(0).normal(size=(B, T, D)), jnp.bfloat16)  # ln_f output
     w = jnp.asarray(np.random.default_rng(1).normal(size=(V, D)), jnp.float32)  # the fp32 master wte
     g = jnp.asarray(np.random.default_rng(2).normal(size=(B, T, V)), jnp.float32)  # fp32 dlogits
@@ -43,6 +43,8 @@ def test_gpu_bf16_head_backward_dots_are_bf16_with_fp32_outputs(monkeypatch):
     dots = _dots(closed.jaxpr)
     bf16, f32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
     assert dots == [(bf16, bf16, f32)] * 3, dots  # logits, dx, dwte
+    # and none of CPU's operand-order trick (precision._weight_grad): its barrier would only block fusion
+    assert "optimization_barrier" not in str(closed)
     dx, dw = jax.grad(f, argnums=(0, 1))(x, w)
     assert (dx.dtype, dw.dtype) == (bf16, f32)
     # the values: the cotangent rounded to bf16 (as torch.autocast), products summed in fp32

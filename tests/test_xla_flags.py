@@ -27,3 +27,19 @@ def test_every_flag_is_known_to_this_jaxlib():
     code = "import jax; print(int(jax.numpy.ones(3).sum()))"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "3", r.stderr[-1000:]
+
+
+def test_the_defaults_are_the_ones_the_readme_lists():
+    # README.md "GPU XLA flags" and benchmarks/README.md "gpu_mfu.py" (the Triton flag: measured on one H200)
+    assert xla_flags.with_gpu_defaults("").split() == [
+        "--xla_gpu_enable_latency_hiding_scheduler=true",
+        "--xla_gpu_enable_highest_priority_async_stream=true",
+        "--xla_gpu_enable_pipelined_all_gather=true",
+        "--xla_gpu_enable_pipelined_reduce_scatter=true",
+        "--xla_gpu_enable_pipelined_all_reduce=true",
+        "--xla_gpu_enable_while_loop_double_buffering=true",
+        "--xla_gpu_all_gather_combine_threshold_bytes=134217728",
+        "--xla_gpu_reduce_scatter_combine_threshold_bytes=134217728",
+        "--xla_gpu_all_reduce_combine_threshold_bytes=134217728",
+        "--xla_gpu_enable_triton_gemm=false",
+    ]
