@@ -18,7 +18,9 @@ bf16 (default):
   Attention's batched dots: jaxpar/mixed_attention.py (`Policy.attention_core`), in forms pinned by
   tests: XLA:CPU runs a bf16 x bf16 -> fp32 dot only in YNNPACK, and a bf16 dot that YNNPACK
   rejects late in compilation fails at run time ("Unsupported element type for DotThunk").
-fp32: every tensor and every matmul in fp32, for exact comparisons (parity, sharding tests).
+fp32: every tensor and every matmul in fp32, for exact comparisons (parity, sharding tests); off
+  CPU the model's dots are traced at `float32` precision (`Policy.matmul_precision`: JAX's default
+  there is TF32 on GPU).
   On CPU the weight matmuls go through `mixed_einsum` too (fp32 x fp32 -> fp32) and the attention
   core through jaxpar/mixed_attention.py, for the dot forms, not the dtypes: jax's own transpose of
   `btd,df->btf` w.r.t. the weight is a 2-D dot contracting dim 0 of both (B*T, D) and (B*T, F)
@@ -30,6 +32,7 @@ fp32: every tensor and every matmul in fp32, for exact comparisons (parity, shar
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -143,6 +146,18 @@ class Policy:
         """Whether the attention core is jaxpar.mixed_attention's hand-written one (CPU, bf16 and
         fp32: dots in forms YNNPACK takes; see the module docstring)."""
         return self.compute_dtype in (jnp.bfloat16, jnp.float32) and _fp32_out_dots()
+
+    def matmul_precision(self):
+        """The context every matmul of the model is traced in. fp32 off CPU: `float32` dots, because
+        JAX's default there computes fp32 dots in reduced precision (TF32 on NVIDIA GPUs since Ampere,
+        bf16 passes on TPU: docs.jax.dev "Matmul precision"; one H200 ran jaxpar's fp32 x fp32 dots as
+        `cutlass_80_tensorop_s1688gemm`, a TF32 kernel), and precision=fp32 promises fp32 for exact
+        comparisons. JAX bakes the precision into each dot when it is traced, the backward's
+        transposes included, so entering it around the forward covers both. Elsewhere no change (CPU
+        dots are fp32 already; bf16 operands are not 32-bit)."""
+        if self.compute_dtype == jnp.float32 and jax.default_backend() != "cpu":
+            return jax.default_matmul_precision("float32")
+        return contextlib.nullcontext()
 
     def cast(self, x):
         """Cast a (fp32) parameter or activation to the compute dtype."""

@@ -33,6 +33,7 @@ N heads, Hd=head_dim, F=4D, V vocab, P positions):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -89,6 +90,19 @@ def _weight(params: Params | None, name: str, shape: tuple, axes: tuple, layers:
 
 def _sub(params: Params | None, name: str) -> Params | None:
     return None if params is None else params[name]
+
+
+def _in_matmul_precision(method):
+    """Trace `method` in its module's `policy.matmul_precision()` (fp32 dots off CPU). On the block
+    and the head, the two places every caller goes through: `GPT2.blocks`' scan, the pipeline and
+    FSDP stages (which run `Block` themselves) and the head's chunked loss."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self.policy.matmul_precision():
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 def _dropout(x, rate: float, key):
@@ -236,7 +250,9 @@ class Block(nnx.Module):
         self.attn = Attention(cfg, policy, _sub(params, "attn"), layers=layers, remat=remat)
         self.ln_2 = LayerNorm(_sub(params, "ln_2"), D, eps, layers)
         self.mlp = MLP(cfg, policy, _sub(params, "mlp"), layers=layers, chunks=mlp_chunks)
+        self.policy = policy
 
+    @_in_matmul_precision
     def __call__(self, x, key=None):  # (B, T, D) -> (B, T, D)
         k1 = k2 = None
         if key is not None:
@@ -309,11 +325,13 @@ class GPT2(nnx.Module):
         x, _ = jax.lax.scan(body, x, (stacked, keys), unroll=scan_unroll(n))
         return x
 
+    @_in_matmul_precision
     def head(self, x):  # (B, T, D) -> (B, T, V) fp32 logits via the tied embedding
         x = self.ln_f(x)
         logits = self.policy.einsum("btd,vd->btv", x, self.wte.weight[...])
         return constrain(logits, ("batch", "seq", "vocab"))
 
+    @_in_matmul_precision
     def head_loss(self, x, targets):  # (B, T, D), (B, T) -> mean fp32 cross-entropy
         if self.vocab_chunks == 1:
             return cross_entropy(self.head(x), targets)
