@@ -172,7 +172,7 @@ class Policy:
         # VJP, for its backward: jax's own transpose feeds the fp32 cotangent (the (B, T, V) dlogits)
         # to fp32 x fp32 dots, TF32 on Hopper; mixed_einsum casts it to bf16 first (as torch.autocast
         # does). Measured on one H200, GPT-2 350M B8 T1024: the head's two backward dots took 11.8 of
-        # the step's 68 ms at 133-150 TFLOP/s (benchmarks/README.md, "GPU, first lease").
+        # the step's 68 ms at 133-150 TFLOP/s (benchmarks/README.md, "gpu_mfu.py").
         return mixed_einsum(spec, a, b, self.compute_dtype, a_elementwise)
 
     def linear(self, spec: str, x, w, bias=None, x_elementwise: bool = False):

@@ -275,7 +275,7 @@ def scan_unroll(n_layer: int) -> int:
     shrinks (mid 560 -> 517, GPT-2 2412 -> 2374). jaxpar/planner/README.md, "Rerun 2026-11-25".
     On GPU: all of them up to 24 layers. One H200, bf16, seq 1024, median step rolled -> unrolled:
     GPT-2 350M (24 layers) B8 68.3 -> 58.8 ms, 124M B16 58.5 -> 52.6 ms (the rolled loop stacks every
-    layer's saved activations with dynamic-update-slice copies; benchmarks/README.md, "GPU"). Deeper
+    layer's saved activations with dynamic-update-slice copies; benchmarks/README.md, "gpu_mfu.py"). Deeper
     models (1.5B: 48) stay rolled: their compile time and memory unrolled were not measured."""
     backend = jax.default_backend()
     if backend == "cpu":
