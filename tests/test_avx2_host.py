@@ -75,6 +75,7 @@ def test_bf16_gpt2_tiny_within_the_avx2_bounds_under_emulation():
     got = json.loads(r.stdout)
     # every cap took effect in the child
     assert got["native_bf16"] is False and got["bf16_host_factor"] == 2.0
+    assert got["fp32_kernel_bf16_dots"] is True  # so the bf16 figures below are of the AVX2 hosts' dot form
     assert got["xla_flags"] == "--xla_cpu_max_isa=AVX2"
     detected, _, now = got["ynn_arch_flags"].partition("->")
     assert int(now, 16) == int(detected, 16) & 0x7F and int(now, 16) & ~0x7F == 0
