@@ -577,7 +577,7 @@ MUTANTS: list[Mutant] = [
            "    return jax.lax.reduce_precision(x.astype(jnp.float32), exponent_bits=8, mantissa_bits=7)",
            "    return x.astype(jnp.float32)",
            "AVX2-only hosts: fp32 weights and cotangents enter the bf16 policy's dots unrounded (fp32 numerics)",
-           (T + "test_bf16_dot_form.py", T + "test_precision.py")),
+           (T + "test_bf16_dot_form.py", T + "test_precision.py", T + "test_policy_dtypes.py")),
     Mutant("fp32_kernel_bf16_dots_on_native_hosts", "amp", "jaxpar/precision.py",
            "    return _fp32_out_dots() and not NATIVE_BF16",
            "    return _fp32_out_dots()",
