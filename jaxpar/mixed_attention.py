@@ -43,6 +43,8 @@ accumulates and returns fp32; scores, softmax and its backward are fp32 (from th
 probs, as autodiff of the plain core). The differences to the plain core's autodiff: dP leaves
 its dot in fp32 (plain: rounded to bf16) and dS is rounded to bf16 before the dQ/dK dots
 (plain: fp32), as torch.autocast does. No dropout: callers use the plain core when dropping.
+On CPUs without native bf16 every dot takes jaxpar.precision's fp32-kernel form (`_dot`, `dot_operand`):
+an fp32 dot of the same bf16 values, in the same canonical forms.
 """
 
 from __future__ import annotations
@@ -53,15 +55,21 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jaxpar.precision import dot_operand
 from jaxpar.softmax import causal_softmax
 
 F32 = jnp.float32
 
 
+def _dot(spec: str, x, y, dtype):
+    """einsum(spec) of x, y as `dtype` operands (jaxpar.precision.dot_operand), accumulated and returned in fp32."""
+    return jnp.einsum(spec, dot_operand(x, dtype), dot_operand(y, dtype), preferred_element_type=F32)
+
+
 def _scores(q, k):
     """(B, Tq, N, Hd) x (B, Tk, N, Hd) -> fp32 scores q·k / sqrt(Hd), (B, N, Tq, Tk)."""
     hd = q.shape[-1]
-    s = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=F32) / math.sqrt(hd)
+    s = _dot("btnh,bsnh->bnts", q, k, q.dtype) / math.sqrt(hd)
     return s
 
 
@@ -75,7 +83,7 @@ def _sum_over_t(p, x, dtype):
 
     Operand order matters (module docstring): written x-first, XLA swaps the operands back into
     a column-major bf16 dot YNNPACK then rejects, and the step fails at run time."""
-    return jnp.einsum("bnts,btnh->bsnh", p.astype(dtype), x.astype(dtype), preferred_element_type=F32)
+    return _dot("bnts,btnh->bsnh", p, x, dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -102,7 +110,7 @@ def _fwd(q, k, v, dtype):
     if causal_blocks(q.shape[1]) > 1:
         return _fwd_blocked(q, k, v, dtype)
     probs = _scores_probs(q, k)
-    o = jnp.einsum("bnts,bsnh->btnh", probs.astype(dtype), v, preferred_element_type=F32)
+    o = _dot("bnts,bsnh->btnh", probs, v, dtype)
     # residuals: q, k, v (slices of the saved qkv) and the fp32 probs, as autodiff would save
     return o.astype(dtype), (q, k, v, probs)
 
@@ -120,7 +128,7 @@ def _fwd_blocked(q, k, v, dtype):
         s = _scores(q[:, lo:hi], k[:, :hi])  # (B, N, b, hi)
         causal = jnp.tril(jnp.ones((b, hi), dtype=bool), k=lo)  # row t (absolute lo + t) sees keys s <= lo + t
         p = jax.nn.softmax(jnp.where(causal, s, jnp.finfo(F32).min), axis=-1)  # as jaxpar.softmax, offset mask
-        outs.append(jnp.einsum("bnts,bsnh->btnh", p.astype(dtype), v[:, :hi], preferred_element_type=F32))
+        outs.append(_dot("bnts,bsnh->btnh", p, v[:, :hi], dtype))
         probs.append(p)
     return jnp.concatenate(outs, axis=1).astype(dtype), (q, k, v, tuple(probs))
 
@@ -136,9 +144,9 @@ def _bwd_blocked(dtype, res, g):
     for lo, p in zip(range(0, T, b), probs):
         hi = lo + b
         gi = g[:, lo:hi]
-        dp = jnp.einsum("btnh,bsnh->bnts", gi, v[:, :hi], preferred_element_type=F32)  # (B, N, b, hi)
+        dp = _dot("btnh,bsnh->bnts", gi, v[:, :hi], dtype)  # (B, N, b, hi)
         ds = p * (dp - jnp.sum(dp * p, axis=-1, keepdims=True)) / math.sqrt(hd)
-        dqs.append(jnp.einsum("bnts,bsnh->btnh", ds.astype(dtype), k[:, :hi], preferred_element_type=F32))
+        dqs.append(_dot("bnts,bsnh->btnh", ds, k[:, :hi], dtype))
         pad = ((0, 0), (0, T - hi), (0, 0), (0, 0))
         dv = dv + jnp.pad(_sum_over_t(p, gi, dtype), pad)
         dk = dk + jnp.pad(_sum_over_t(ds, q[:, lo:hi], dtype), pad)
@@ -151,11 +159,11 @@ def _bwd(dtype, res, g):
     q, k, v, probs = res
     hd = q.shape[-1]
     g = g.astype(dtype)
-    dp = jnp.einsum("btnh,bsnh->bnts", g, v, preferred_element_type=F32)  # (B, N, T, S) fp32
+    dp = _dot("btnh,bsnh->bnts", g, v, dtype)  # (B, N, T, S) fp32
     dv = _sum_over_t(probs, g, dtype)  # (B, S, N, Hd)
     # softmax backward in fp32; masked entries have probs == 0, so their dS is 0
     ds = probs * (dp - jnp.sum(dp * probs, axis=-1, keepdims=True)) / math.sqrt(hd)
-    dq = jnp.einsum("bnts,bsnh->btnh", ds.astype(dtype), k, preferred_element_type=F32)
+    dq = _dot("bnts,bsnh->btnh", ds, k, dtype)
     dk = _sum_over_t(ds, q, dtype)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 

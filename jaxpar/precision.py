@@ -18,6 +18,9 @@ bf16 (default):
   Attention's batched dots: jaxpar/mixed_attention.py (`Policy.attention_core`), in forms pinned by
   tests: XLA:CPU runs a bf16 x bf16 -> fp32 dot only in YNNPACK, and a bf16 dot that YNNPACK
   rejects late in compilation fails at run time ("Unsupported element type for DotThunk").
+  CPUs without avx512_bf16/AMX (AVX2-only hosts): every such dot runs instead as an fp32 dot of the
+  same bf16 values (`dot_operand`, `fp32_kernel_bf16_dots`): YNNPACK's AVX2 bf16 kernel is slower
+  than its fp32 one. Same operands, products and fp32 accumulation; activations stay bf16.
 fp32: every tensor and every matmul in fp32, for exact comparisons (parity, sharding tests); off
   CPU the model's dots are traced at `float32` precision (`Policy.matmul_precision`: JAX's default
   there is TF32 on GPU).
@@ -61,15 +64,47 @@ def _transpose_specs(spec: str) -> tuple[str, str]:
 RECOMPUTED_COPY_COST = 5
 
 
+# bf16 dots as fp32 dots of bf16-valued operands (`dot_operand`): None = where the CPU has no native bf16
+# (jaxpar.tolerances.NATIVE_BF16 False); True / False force either form (tests, benchmarks: set before tracing).
+FP32_KERNEL_BF16_DOTS: bool | None = None
+
+
+def fp32_kernel_bf16_dots() -> bool:
+    """Whether bf16 dots run as fp32 dots of their bf16-valued operands: on XLA:CPU without avx512_bf16/AMX.
+
+    Why: there YNNPACK's bf16 x bf16 -> fp32 kernel (AVX2) is 1.6-2x slower than its fp32 kernel on the
+    same shapes, and the dots are ~80% of the step; measured on an emulated AVX2 host (AMD Zen 4, tests/
+    avx2_host), small config: the step's dots 91.5 ms bf16 vs 57.9 fp32, the rest 23.0 vs 24.7
+    (benchmarks/README.md, hQ2). Same numerics: the operands hold bf16 values (bf16 products are exact
+    in fp32) and the dot accumulates in fp32 either way; only the kernel's summation order may differ."""
+    if FP32_KERNEL_BF16_DOTS is not None:
+        return FP32_KERNEL_BF16_DOTS
+    from jaxpar.tolerances import NATIVE_BF16
+
+    return _fp32_out_dots() and not NATIVE_BF16
+
+
+def dot_operand(x, dtype):
+    """x as a matmul operand of the policy's `dtype`: `x.astype(dtype)`, except bf16 where
+    `fp32_kernel_bf16_dots()`: fp32 holding x rounded to bf16 (bf16 x: exact upcast; fp32 x:
+    reduce_precision to bf16's 8 exponent / 7 mantissa bits, the same round-to-nearest-even as the
+    cast, which XLA's excess-precision passes may not drop as they may drop a convert pair)."""
+    if dtype != jnp.bfloat16 or not fp32_kernel_bf16_dots():
+        return x.astype(dtype)
+    if x.dtype == jnp.bfloat16:
+        return x.astype(jnp.float32)
+    return jax.lax.reduce_precision(x.astype(jnp.float32), exponent_bits=8, mantissa_bits=7)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4))
 def mixed_einsum(spec: str, a, b, dtype=jnp.bfloat16, a_elementwise: bool = False):
     """einsum of a, b cast to `dtype`, accumulated and returned in fp32; the backward dots
-    are `dtype` x `dtype` -> fp32 too, each cotangent returned in its operand's dtype. The
+    are `dtype` x `dtype` -> fp32 too (bf16: see `dot_operand`), each cotangent returned in its operand's dtype. The
     weight gradient is written `btd,btf->df` (operand-first, (B, T) kept apart): the form
     XLA:CPU makes canonical for YNNPACK, in bf16 and fp32 alike (module docstring).
     a_elementwise: `a` is an elementwise function's output (the MLP's gelu), which a transposed
     fp32 copy of `a` recomputes per element (`RECOMPUTED_COPY_COST`, `_weight_grad`)."""
-    return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+    return jnp.einsum(spec, dot_operand(a, dtype), dot_operand(b, dtype), preferred_element_type=jnp.float32)
 
 
 def _mixed_fwd(spec, a, b, dtype, a_elementwise):
@@ -116,11 +151,11 @@ def _weight_grad(spec: str, a, g, a_cost: float = 1):
 def _mixed_bwd(spec, dtype, a_elementwise, res, g):
     a, b = res
     ta, tb = _transpose_specs(spec)
-    g = g.astype(dtype)
-    da = jnp.einsum(ta, g, b.astype(dtype), preferred_element_type=jnp.float32)
+    g = dot_operand(g, dtype)
+    da = jnp.einsum(ta, g, dot_operand(b, dtype), preferred_element_type=jnp.float32)
     if _fp32_out_dots():  # XLA:CPU: the weight gradient in the operand order YNNPACK takes
         a_cost = RECOMPUTED_COPY_COST if a_elementwise and dtype == jnp.float32 else 1
-        db = _weight_grad(tb, a.astype(dtype), g, a_cost)
+        db = _weight_grad(tb, dot_operand(a, dtype), g, a_cost)
     else:  # GPU: cuBLAS takes any operand order
         db = jnp.einsum(tb, a.astype(dtype), g, preferred_element_type=jnp.float32)
     return da.astype(a.dtype), db.astype(b.dtype)

@@ -71,11 +71,12 @@ def test_masked_blocks_are_not_computed(dtype, monkeypatch):
 
 # Runs on every host: XLA:CPU's choice of YNNPACK bf16 dots (ynn_support.cc) reads no CPU feature, and an
 # emulated AVX2-only host (tests/avx2_host) compiles and runs the same dots (benchmarks/README.md, hP2).
-def test_blocked_bf16_dots_stay_bf16_ynnpack_dots():
-    """4 blocks x 6 dots, each bf16 x bf16 -> fp32 in YNNPACK; and it runs (a bf16 dot YNNPACK
-    rejects late in compilation fails at run time)."""
+# Both forms run on every host (`dot_form`): AVX2-only hosts take the fp32-kernel one by default (hQ2).
+def test_blocked_bf16_dots_stay_bf16_ynnpack_dots(dot_form):
+    """4 blocks x 6 dots, each bf16 x bf16 -> fp32 in YNNPACK (fp32-kernel form: each fp32); and it runs
+    (a bf16 dot YNNPACK rejects late in compilation fails at run time)."""
     fn, args = _fwd_bwd(BF16)
-    assert _dots(fn.lower(*args).compile().as_text()) == [("ynn", "f32", "bf16", "bf16")] * 24
+    assert _dots(fn.lower(*args).compile().as_text()) == [("ynn", "f32", dot_form, dot_form)] * 24
     assert all(bool(jnp.all(jnp.isfinite(x.astype(F32)))) for x in fn(*args))
 
 

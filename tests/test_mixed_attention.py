@@ -55,7 +55,7 @@ SHAPES = [(2, 16, 2, 16), (1, 7, 3, 8), (2, 1, 2, 8), (1, 128, 2, 16)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_values_at_the_policy_rounding_points(shape):
+def test_values_at_the_policy_rounding_points(shape, dot_form):
     rng = np.random.default_rng(sum(shape))
     q, k, v, g = (_bf(rng.standard_normal(shape)) for _ in range(4))
 
@@ -97,9 +97,11 @@ def _dots(hlo: str):
 
 # Runs on every host: XLA:CPU's choice of YNNPACK bf16 dots (ynn_support.cc) reads no CPU feature, and an
 # emulated AVX2-only host (tests/avx2_host) compiles and runs the same dots (benchmarks/README.md, hP2).
-def test_every_dot_of_the_bf16_step_is_a_bf16_ynnpack_dot():
+# Both forms run on every host (`dot_form`): AVX2-only hosts take the fp32-kernel one by default (hQ2).
+def test_every_dot_of_the_bf16_step_is_a_bf16_ynnpack_dot(dot_form):
     """Reference: gpt2-tiny at one layer, fwd+bwd at B=2, T=32: per layer 4 weight matmuls x 3 dots
-    and 6 attention dots, plus the tied head's 3 (logits, dx, dW); every one bf16 x bf16 -> fp32."""
+    and 6 attention dots, plus the tied head's 3 (logits, dx, dW); every one bf16 x bf16 -> fp32,
+    or in the fp32-kernel form (AVX2-only hosts) every one an fp32 YNNPACK dot: none left in bf16."""
     mc = dataclasses.replace(PRESETS["gpt2-tiny"], n_layer=1)
     params = jax.tree.map(jnp.asarray, gpt2.init_params(mc, 0))
     tok = jnp.asarray(np.random.default_rng(0).integers(0, mc.vocab_size, (2, 33)), jnp.int32)
@@ -109,7 +111,7 @@ def test_every_dot_of_the_bf16_step_is_a_bf16_ynnpack_dot():
 
     step = jax.jit(jax.value_and_grad(loss))
     dots = _dots(step.lower(params).compile().as_text())
-    assert dots == [("ynn", "f32", "bf16", "bf16")] * (mc.n_layer * (4 * 3 + 6) + 3), sorted(set(dots))
+    assert dots == [("ynn", "f32", dot_form, dot_form)] * (mc.n_layer * (4 * 3 + 6) + 3), sorted(set(dots))
     loss_value, _ = step(params)  # and it runs (a bf16 dot outside YNNPACK fails at run time)
     assert abs(float(loss_value) - math.log(mc.vocab_size)) < 0.5
 
@@ -119,7 +121,7 @@ def _split_attention(qkv, dtype=BF16):  # q, k, v sliced outside the custom_vjp:
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_qkv_entry_is_bit_identical_to_sliced_q_k_v(shape):
+def test_qkv_entry_is_bit_identical_to_sliced_q_k_v(shape, dot_form):
     b, t, n, hd = shape
     rng = np.random.default_rng(sum(shape))
     qkv, g = _bf(rng.standard_normal((b, t, 3, n, hd))), _bf(rng.standard_normal(shape))
@@ -144,12 +146,12 @@ def _census(f, qkv, g):
     return len(re.findall(r" pad\(", hlo)), len(writers), _dots(hlo)
 
 
-def test_qkv_backward_writes_dqkv_once_without_pads():
+def test_qkv_backward_writes_dqkv_once_without_pads(dot_form):
     """Sliced q, k, v: d(qkv) is three zero-padded copies summed in one loop fusion that reads
     every dot output per element. The qkv entry stacks: no pad, one fusion writes d(qkv), and
     the vjp's five dots (scores; dP, dV, dQ, dK) stay bf16 x bf16 -> fp32 in YNNPACK."""
     qkv, g = jnp.ones((2, 16, 3, 2, 16), BF16), jnp.ones((2, 16, 2, 16), BF16)
-    ynn5 = [("ynn", "f32", "bf16", "bf16")] * 5
+    ynn5 = [("ynn", "f32", dot_form, dot_form)] * 5
     assert _census(_split_attention, qkv, g) == (3, 1, ynn5)  # the census sees the pads it guards
     assert _census(causal_attention_qkv, qkv, g) == (0, 1, ynn5)
 

@@ -19,8 +19,10 @@ import collections
 
 import jax
 import jax.numpy as jnp
+import pytest
 from jax.extend import core as jcore
 
+from jaxpar import precision
 from jaxpar.config import PRESETS
 from jaxpar.models import gpt2
 from jaxpar.precision import get_policy
@@ -92,12 +94,49 @@ def expected(compute: str, mixed_attention: bool = True) -> collections.Counter:
     })
 
 
-def test_bf16_policy_matmuls_bf16_statistics_softmax_logits_loss_fp32():
+@pytest.fixture
+def bf16_kernel(monkeypatch):
+    """The bf16 x bf16 -> fp32 dot form on every host (AVX2-only hosts take the fp32-kernel form below)."""
+    monkeypatch.setattr(precision, "FP32_KERNEL_BF16_DOTS", False)
+
+
+def test_bf16_policy_matmuls_bf16_statistics_softmax_logits_loss_fp32(bf16_kernel):
     """Reference: hand count of the model's ops (module docstring)."""
     assert ops("bf16") == expected("bfloat16")
 
 
-def test_bf16_with_dropout_plain_attention_core_keeps_fp32_scores_and_softmax():
+def _dot_operand_sources(jaxpr):
+    """(producer primitive, its input dtype, its mantissa_bits) of each operand of every dot, nested jaxprs included."""
+    made_by = {}
+    for e in jaxpr.eqns:
+        made_by.update({o: e for o in e.outvars})
+        if e.primitive.name == "dot_general":
+            yield tuple((made_by[v].primitive.name, str(made_by[v].invars[0].aval.dtype),
+                         made_by[v].params.get("exponent_bits"), made_by[v].params.get("mantissa_bits"))
+                        if v in made_by else ("input", str(v.aval.dtype), None, None) for v in e.invars)
+        for v in e.params.values():
+            for j in v if isinstance(v, (list, tuple)) else [v]:
+                if isinstance(j, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+                    yield from _dot_operand_sources(getattr(j, "jaxpr", j))
+
+
+def test_bf16_policy_fp32_kernel_form_dots_take_bf16_values(monkeypatch):
+    """AVX2-only hosts (jaxpar.precision.fp32_kernel_bf16_dots): the same hand count with fp32 dot operands,
+    each one made right before its dot by an exact upcast of a bf16 array or a rounding to bf16's 8
+    exponent / 7 mantissa bits: c_attn, c_fc, both c_projs and the logits take a bf16 activation and a
+    rounded fp32 weight; scores take q, k (bf16, upcast) and probs·v the rounded fp32 probs and bf16 v."""
+    monkeypatch.setattr(precision, "FP32_KERNEL_BF16_DOTS", True)
+    want = collections.Counter({(k[0], tuple((shape, "float32") for shape, _ in k[1]) if k[0] == "dot_general" else k[1],
+                                 k[2]): n for k, n in expected("bfloat16").items()})
+    assert ops("bf16") == want
+    tok = jax.ShapeDtypeStruct((B, T), jnp.int32)
+    jaxpr = jax.make_jaxpr(lambda p, x, y: gpt2.GPT2(MC, p, policy=get_policy("bf16")).loss(x, y))(
+        gpt2.abstract_params(MC), tok, tok).jaxpr
+    up, rounded = ("convert_element_type", "bfloat16", None, None), ("reduce_precision", "float32", 8, 7)
+    assert collections.Counter(_dot_operand_sources(jaxpr)) == {(up, rounded): 6, (up, up): 1}
+
+
+def test_bf16_with_dropout_plain_attention_core_keeps_fp32_scores_and_softmax(bf16_kernel):
     """Reference: the hand count; attention dropout runs gpt2.Attention._core (mixed_attention has
     no dropout), whose scores and softmax are fp32 and probs·v a compute-dtype dot. Dropout adds
     no watched op (bernoulli draws are integer bit ops and a compare)."""

@@ -34,7 +34,7 @@ def _dots(jaxpr):
                 yield from _dots(inner)
 
 
-def test_mixed_einsum_values_dtypes_and_dots():
+def test_mixed_einsum_values_dtypes_and_dots(dot_form):
     x, w, g = _operands()
     y, vjp = jax.vjp(lambda a, b: mixed_einsum("btd,df->btf", a, b), x, w)
     dx, dw = vjp(g)
@@ -48,12 +48,14 @@ def test_mixed_einsum_values_dtypes_and_dots():
     np.testing.assert_allclose(dw, jnp.einsum("btd,btf->df", x32, g16, precision=hi), rtol=1e-6, atol=1e-5)
     ref_dx = jnp.einsum("btf,df->btd", g16, w16, precision=hi).astype(jnp.bfloat16)
     np.testing.assert_array_equal(np.asarray(dx, np.float32), np.asarray(ref_dx, np.float32))
-    # every dot of forward + backward is bf16 x bf16 -> fp32 (the fast form on XLA:CPU)
+    # every dot of forward + backward is bf16 x bf16 -> fp32 (the fast form on XLA:CPU with native bf16),
+    # or fp32 x fp32 -> fp32 of the same bf16 values (AVX2-only hosts: jaxpar.precision.fp32_kernel_bf16_dots)
     jaxpr = jax.make_jaxpr(jax.grad(lambda a, b: mixed_einsum("btd,df->btf", a, b).sum(), (0, 1)))(x, w)
     dots = list(_dots(jaxpr.jaxpr))
     assert len(dots) == 3
     for e in dots:
-        assert [v.aval.dtype for v in e.invars] == [jnp.bfloat16, jnp.bfloat16]
+        want = {"bf16": jnp.bfloat16, "f32": jnp.float32}[dot_form]
+        assert [v.aval.dtype for v in e.invars] == [want, want]
         assert e.outvars[0].aval.dtype == jnp.float32
 
 

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxpar import precision
 from jaxpar.config import PRESETS
 from jaxpar.models import gpt2
 from jaxpar.precision import mixed_einsum
@@ -29,6 +30,14 @@ from jaxpar.tolerances import FP32_DOTS_VS_PLAIN as TOL
 from tests.test_mixed_attention import _dots
 
 B, T = 2, 96  # B*T = 192 contracted positions
+
+
+@pytest.fixture(autouse=True)
+def bf16_kernel_dots(monkeypatch):
+    """The bf16 cases pin the bf16 x bf16 -> fp32 YNNPACK form on every host (an AVX2-only host runs bf16
+    dots as fp32 dots instead: jaxpar.precision.fp32_kernel_bf16_dots, whose weight gradients take the
+    fp32 forms with a plain copy; tests/test_bf16_dot_form.py)."""
+    monkeypatch.setattr(precision, "FP32_KERNEL_BF16_DOTS", False)
 
 # (spec, a's feature shape, w's shape, shapes of the backward's transposes; the swapped forms' small
 # result transpose compiles to a layout copy at the top level, not a `transpose` op)

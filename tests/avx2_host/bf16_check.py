@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpar import precision
 from jaxpar import tolerances as T
 from jaxpar.config import PRESETS, ModelConfig
 from jaxpar.models import gpt2
@@ -46,6 +47,7 @@ def main() -> dict:
             "bounds": {"loss_rel": T.TRAJECTORY["bf16"]["loss_rel"], "grad_l2_rel": T.TRAJECTORY["bf16"]["grad_l2_rel"],
                        "logits_rel": T.BF16_LOGITS_REL},
             "native_bf16": T.NATIVE_BF16, "bf16_host_factor": T.BF16_HOST_FACTOR,
+            "fp32_kernel_bf16_dots": precision.fp32_kernel_bf16_dots(),
             "xla_flags": os.environ.get("XLA_FLAGS", ""), "ynn_arch_flags": os.environ.get("JAXPAR_YNN_ARCH_FLAGS", ""),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "torch_mkldnn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())}
