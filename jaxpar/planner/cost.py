@@ -21,6 +21,8 @@ replicated, their fp32 mean/rstd (T, b, 1) ×4; q, k, v, attn out, fc out, gelu 
 the nb causal query blocks of the CPU core, devices.py `causal_blocks`]. Flash attention replaces the T² term by the
 fp32 log-sum-exp N·T·b/t·4. remat=selective drops the T² term (recomputed); remat=full keeps only
 the block input T·b·D·cb; mlp_chunks > 1 drops the 8/t MLP part (recomputed chunk by chunk).
+XLA:CPU's unrolled fp32 layer loop (devices.py `unrolled_fp32`, no pipeline, L <= 12) keeps more and
+ignores most remat: activations.py `unrolled_layer_bytes` (its docstring has the counts).
 Pipelines (p > 1) rematerialise each pipeline iteration: saved = (R·M+S-1) stage inputs
 T·b·D·cb, plus one iteration's activations while it is recomputed. schedule=1f1b (R = 1) keeps
 min(M, 2S-1) stage inputs (+2 carried transfers), no embedded batch, one microbatch's logits on
@@ -67,6 +69,9 @@ from jaxpar.planner.activations import (  # noqa: F401  (re-exported: per-layer 
     REP_UNITS,
     causal_blocks,
     layer_activation_bytes,
+    layers_unrolled,
+    unrolled_layer_bytes,
+    unrolled_peak_bytes,
 )
 from jaxpar.planner.devices import DeviceSpec
 
@@ -309,6 +314,13 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     saved, live = layer_activation_bytes(w, b, t, remat, s.mlp_chunks, w.cb, dev.native_bf16 and w.cb < 4, mgl, sp,
                                          blocks=nb)
     unit = T * b * D * cb  # one (b, T, D) activation in the compute dtype
+    # XLA:CPU runs the layers unrolled (gpt2.scan_unroll, up to 12) except in a pipeline's stages and
+    # jaxpar.parallel.fsdp's shard_map (its own rolled scan); in fp32 the unrolled step keeps more
+    # (activations.unrolled_layer_bytes). GPUs unroll up to 24 layers too, but that memory was never
+    # measured: no device row but `cpu` sets `unrolled_fp32`, and bf16 is left out (measured lower).
+    fsdp_map = f > 1 and S == 1 and s.remat != "selective" and s.mlp_chunks == 1  # jaxpar.parallel.fsdp.applies
+    unrolled = (dev.unrolled_fp32 and w.precision == "fp32" and S == 1 and not mgl and not fsdp_map
+                and layers_unrolled(L))
     if S > 1:
         # pipeline.py: S·R virtual stages, padded to the largest (lmax layers); one scan of
         # N = (R-1)·max(M, S) + M + S - 1 iterations, each stage recomputed in backward.
@@ -352,7 +364,17 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         layers_run, head_rows_share = M * L, 1.0
         layers_sent = layers_run
         compute = M * (L * fl_layer_train + fl_head_train) * sec
-        acts = L * saved + (live if remat == "full" else 0.0)
+        if unrolled:  # every layer's kept values, no separately recomputed layer (see unrolled_layer_bytes)
+            acts = L * unrolled_layer_bytes(w, b, t, remat, s.mlp_chunks, nb)
+            # XLA's auto-sharded ZeRO-3 (fsdp > 1 outside jaxpar.parallel.fsdp's map) all-gathers each
+            # layer's weights in forward and, unrolled, keeps them to the layer's backward: one fp32
+            # gathered copy per layer (the MLP's not with mlp_chunks > 1: gathered per chunk inside the
+            # chunk loop), where the grads term counts their 1/f shards (seen in the peak live set of
+            # row 20, 2x4x1x1 selective: f32[768,256] c_attn and f32[256,256] c_proj per layer)
+            gathered = ("attn", "mlp") if s.mlp_chunks == 1 else ("attn",)
+            acts += L * 4 * sum(full[g] - el[g] for g in gathered if sharded[g])
+        else:
+            acts = L * saved + (live if remat == "full" else 0.0)
         passes = M  # train.py's accumulation scan: each microbatch gathers and reduces
     if remat == "none" and w.precision == "bf16":
         acts += layers_state * (el["attn"] + el["mlp"] - 13 * D / t) * w.cb  # saved compute-dtype weight casts
@@ -369,6 +391,8 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     head = 2 * T * b * V * 4 / t / s.vocab_chunks * (M * head_rows_share if S > 1 and not (mg or one_f) else 1)
     # logits/log-probs/grad + one layer's activation grads (a pipeline's stage re-run is in `acts`)
     tmp = head + live * (1 if remat != "full" and S == 1 else 0)
+    if unrolled:  # the peak is the head's backward: ln_f's values, no live layer (unrolled_peak_bytes)
+        tmp = head + unrolled_peak_bytes(w, b, t, nb)
     per_layer_gather = S > 1 and s.gather == "layer" and not mg
     if f > 1 and S > 1 and not per_layer_gather:
         # pipeline.gather=step gathers a stage's weights once per step; grads stay unsharded until the end.
@@ -391,7 +415,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         # dynamic-update-slice f32[lmax, ...] beside the accumulator's add; XLA inlines a
         # one-layer stage's scan, whose grads go straight into the accumulator)
         tmp += 4 * lmax * full_layer
-    if s.mlp_chunks > 1 and S == 1:
+    if s.mlp_chunks > 1 and S == 1 and not unrolled:
         # only one chunk of the MLP hidden activations is live at once; a pipeline's stage re-run
         # is in `acts`, whose `saved` already drops the MLP units, so there is nothing to take off
         tmp -= T * b * D * cb * MLP_UNITS / t * (1 - 1 / s.mlp_chunks)
