@@ -145,3 +145,14 @@ def unrolled_peak_bytes(w: Workload, b: float, t: int, blocks: int = 1) -> float
     head's wte-gradient LHS) and a broadcast constant the size of one layer's kept probs."""
     T, D, N = w.seq_len, w.model.n_embd, w.model.n_head
     return UNROLL_HEAD_UNITS * T * b * D * 4 + N * T * T * (blocks + 1) / (2 * blocks) * b / t * 4
+
+
+def unrolled_gathered_bytes(full: dict, el: dict, sharded: dict, mlp_chunks: int) -> float:
+    """Per layer, XLA's auto-sharded ZeRO-3 (fsdp > 1 outside jaxpar.parallel.fsdp's map: remat=selective
+    or mlp_chunks > 1) in the unrolled fp32 step: it all-gathers each layer's weights in forward and
+    keeps them to the layer's backward, one fp32 gathered copy per layer (the MLP's not with
+    mlp_chunks > 1: gathered per chunk inside the chunk loop), where the grads term counts their 1/f
+    shards. full / el: parameter elements per layer before / after the fsdp split (cost.group_elems);
+    seen in row 20's peak live set (2x4x1x1 selective): f32[768,256] c_attn, f32[256,256] c_proj."""
+    gathered = ("attn", "mlp") if mlp_chunks == 1 else ("attn",)
+    return 4 * sum(full[g] - el[g] for g in gathered if sharded[g])

@@ -70,6 +70,7 @@ from jaxpar.planner.activations import (  # noqa: F401  (re-exported: per-layer 
     causal_blocks,
     layer_activation_bytes,
     layers_unrolled,
+    unrolled_gathered_bytes,
     unrolled_layer_bytes,
     unrolled_peak_bytes,
 )
@@ -314,10 +315,8 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     saved, live = layer_activation_bytes(w, b, t, remat, s.mlp_chunks, w.cb, dev.native_bf16 and w.cb < 4, mgl, sp,
                                          blocks=nb)
     unit = T * b * D * cb  # one (b, T, D) activation in the compute dtype
-    # XLA:CPU runs the layers unrolled (gpt2.scan_unroll, up to 12) except in a pipeline's stages and
-    # jaxpar.parallel.fsdp's shard_map (its own rolled scan); in fp32 the unrolled step keeps more
-    # (activations.unrolled_layer_bytes). GPUs unroll up to 24 layers too, but that memory was never
-    # measured: no device row but `cpu` sets `unrolled_fp32`, and bf16 is left out (measured lower).
+    # XLA:CPU unrolls the layers (gpt2.scan_unroll) but not in pipeline stages or jaxpar.parallel.fsdp's
+    # map; GPUs too (unmeasured: only the `cpu` row sets unrolled_fp32); bf16 is measured lower: left out
     fsdp_map = f > 1 and S == 1 and s.remat != "selective" and s.mlp_chunks == 1  # jaxpar.parallel.fsdp.applies
     unrolled = (dev.unrolled_fp32 and w.precision == "fp32" and S == 1 and not mgl and not fsdp_map
                 and layers_unrolled(L))
@@ -365,14 +364,8 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         layers_sent = layers_run
         compute = M * (L * fl_layer_train + fl_head_train) * sec
         if unrolled:  # every layer's kept values, no separately recomputed layer (see unrolled_layer_bytes)
-            acts = L * unrolled_layer_bytes(w, b, t, remat, s.mlp_chunks, nb)
-            # XLA's auto-sharded ZeRO-3 (fsdp > 1 outside jaxpar.parallel.fsdp's map) all-gathers each
-            # layer's weights in forward and, unrolled, keeps them to the layer's backward: one fp32
-            # gathered copy per layer (the MLP's not with mlp_chunks > 1: gathered per chunk inside the
-            # chunk loop), where the grads term counts their 1/f shards (seen in the peak live set of
-            # row 20, 2x4x1x1 selective: f32[768,256] c_attn and f32[256,256] c_proj per layer)
-            gathered = ("attn", "mlp") if s.mlp_chunks == 1 else ("attn",)
-            acts += L * 4 * sum(full[g] - el[g] for g in gathered if sharded[g])
+            acts = L * (unrolled_layer_bytes(w, b, t, remat, s.mlp_chunks, nb)
+                        + unrolled_gathered_bytes(full, el, sharded, s.mlp_chunks))
         else:
             acts = L * saved + (live if remat == "full" else 0.0)
         passes = M  # train.py's accumulation scan: each microbatch gathers and reduces
