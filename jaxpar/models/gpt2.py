@@ -262,22 +262,28 @@ class Block(nnx.Module):
         return constrain(x, ("batch", "seq", "embed"))
 
 
-def scan_unroll(n_layer: int) -> int:
+def scan_unroll(n_layer: int, backend: str | None = None) -> int:
     """How many layers one `lax.scan` iteration runs. On CPU: all of them, up to 12 (a
     Python-style layer loop; compile time grows with depth, hence the cap). Measured in one
     process, interleaved, loaded 2-core host, median CPU s/step scan -> unrolled: bf16 4L/128
     0.30 -> 0.16, 6L/384 9.7 -> 6.2, GPT-2 124M (T256 B2) 23.2 -> 14.7; fp32 (once the weight
     gradients stopped transposing the gelu output, precision._weight_grad) 1.15x, 1.10x, 1.03x
-    (before it mid was 1.04x: the transposed copies then fused the gelu recompute). Off CPU the
-    rolled scan (benchmarks/README.md). The price in fp32 is memory: XLA makes the weight
-    gradients' transposed operand copies early and keeps them live, so the compiled step's peak
-    grows (one device: mid 579 -> 686 MiB, GPT-2 124M T256 B2 2430 -> 2595 MiB); in bf16 it
-    shrinks (mid 560 -> 517, GPT-2 2412 -> 2374). jaxpar/planner/README.md, "Rerun 2026-11-25".
+    (before it mid was 1.04x: the transposed copies then fused the gelu recompute)
+    (benchmarks/README.md). The price in fp32 is memory: XLA makes the weight gradients'
+    transposed operand copies early and keeps them live, and unrolled, XLA merges a layer's
+    recomputation with its forward (fp32 on CPU: remat selective, and full without tensor
+    parallelism, save no memory), so the compiled step's peak grows (one device: mid 579 -> 686
+    MiB, GPT-2 124M T256 B2 2430 -> 2595 MiB); in bf16 it shrinks (mid 560 -> 517, GPT-2 2412 ->
+    2374). The planner counts the fp32 CPU copies (planner/activations.py `unrolled_layer_bytes`;
+    jaxpar/planner/README.md, "Rerun 2026-11-25" and "Rerun 2026-11-26").
     On GPU: all of them up to 24 layers. One H200, bf16, seq 1024, median step rolled -> unrolled:
     GPT-2 350M (24 layers) B8 68.3 -> 58.8 ms, 124M B16 58.5 -> 52.6 ms (the rolled loop stacks every
     layer's saved activations with dynamic-update-slice copies; benchmarks/README.md, "gpu_mfu.py"). Deeper
-    models (1.5B: 48) stay rolled: their compile time and memory unrolled were not measured."""
-    backend = jax.default_backend()
+    models (1.5B: 48) stay rolled: their compile time and memory unrolled were not measured; nor
+    was the GPU memory of the unrolled step at any depth (the planner does not model it there).
+    Elsewhere the rolled scan. `backend`: jax's default backend unless given (the planner asks for
+    "cpu")."""
+    backend = jax.default_backend() if backend is None else backend
     if backend == "cpu":
         return n_layer if n_layer <= 12 else 1
     return n_layer if backend == "gpu" and n_layer <= 24 else 1

@@ -82,3 +82,77 @@ def layer_activation_bytes(w: Workload, b: float, t: int, remat: str, mlp_chunks
     return saved, live
 
 
+
+
+# XLA:CPU's unrolled fp32 layer loop (gpt2.scan_unroll: every layer up to 12 in one scan step), per
+# layer beyond what the rolled scan saves, in (b, T, D) fp32 units u = T·b·D·4 (seen in the
+# compiler's peak live set, `--xla_dump_to` *-live-range.txt "Live ranges at ... (peak)"):
+UNROLL_T_UNITS = 2  # the (D, b·T) transposed copies of the ln_1 and ln_2 outputs: the LHS of the c_attn
+# and c_fc weight-gradient dots (precision._weight_grad), made in forward and kept to the layer's
+# backward; + 1/t: the attention output's (D/t, b·T) copy, c_proj's LHS (mlp c_proj's swaps its
+# operands in fp32 and copies the incoming gradient instead, in backward: not kept). With
+# mlp_chunks > 1 ln_1's only: c_fc's weight gradient runs inside the chunk loop (its own rolled scan)
+UNROLL_MLP_UNITS = 4  # one more (b, T, 4D/t) MLP hidden value (4/t units); none with mlp_chunks > 1
+UNROLL_CHUNKED_UNITS = 2  # mlp_chunks > 1 instead: the chunk loop's backward (b, T, D) gradient carry,
+# zero-initialised in forward, and a second (b, T, D) ln_2 output value (one fused for the loop's input)
+UNROLL_PROBS_COPIES = 1  # a second copy of the kept fp32 probs (each causal query block's)
+UNROLL_HEAD_UNITS = 3  # at the peak (the head's backward): ln_f's input, output and transposed output
+
+
+def layers_unrolled(n_layer: int) -> bool:
+    """Whether XLA:CPU runs the n_layer layers unrolled (`gpt2.scan_unroll` on "cpu")."""
+    from jaxpar.models.gpt2 import scan_unroll  # lazily: the rest of the planner needs no jax
+
+    return scan_unroll(n_layer, "cpu") > 1
+
+
+def unrolled_layer_bytes(w: Workload, b: float, t: int, remat: str, mlp_chunks: int, blocks: int = 1) -> float:
+    """Bytes one layer keeps from forward to backward in XLA:CPU's unrolled fp32 step (one microbatch of
+    b rows on one device): what `layer_activation_bytes` saves plus the copies above, u = T·b·D·4,
+    P = the kept fp32 probs N·T²·b/t·4·(nb + 1)/(2 nb):
+
+        remat none | selective, or full at t = 1:
+            saved(none) + u·(2 + 1/t + 4/t) + P      (mlp_chunks = 1)
+            saved(none) + u·(1 + 1/t + 2) + P        (mlp_chunks > 1)
+        remat full at t > 1:  u·(3 + 4/t) + T·b·8 + 2P  (+ the transposes u·(1 + 1/t))
+
+    Unrolled, the loop is straight-line code in which XLA merges a layer's recomputation with its
+    forward: the compiled peak is the same for remat none, selective and full (row 1's 8×1×1×1 mesh:
+    91.43 MiB each, rolled 85.99 / 82.37 / 71.52; FLOPs 6.124 G each; jax.checkpoint's
+    prevent_cse=True brings full's recompute back, 7.32 GFLOP, not the memory). A tensor all-reduce
+    is not merged, so at t > 1 full remat recomputes from the first one (attention c_proj's partial
+    sums) on: a layer keeps its input, ln_1 output (+ fp32 stats), q, k, v in the core's block layouts
+    (4/t units), c_proj's (b, T, D) partial output, the probs twice, and the ln_1 / attention-output
+    transposes. Measured per layer (unrolled minus rolled compiled step, slope over L = 2, 4, 6):
+    6.00 MiB at 1×1×8×1 (b 16, T 128, D 256, formula 6.0), 2.49 MiB at 8×1×1×1 (2.5)."""
+    T, D, N = w.seq_len, w.model.n_embd, w.model.n_head
+    u = T * b * D * 4
+    probs = N * T * T * (blocks + 1) / (2 * blocks) * b / t * 4
+    if remat == "full" and t > 1:
+        return u * (3 + 4 / t) + T * b * LN_STATS_BYTES / 2 + 2 * probs + u * (1 + 1 / t)
+    saved, _ = layer_activation_bytes(w, b, t, "none", mlp_chunks, 4, False, blocks=blocks)
+    if mlp_chunks == 1:
+        extra = u * (UNROLL_T_UNITS + 1 / t + UNROLL_MLP_UNITS / t)
+    else:
+        extra = u * (UNROLL_T_UNITS - 1 + 1 / t + UNROLL_CHUNKED_UNITS)
+    return saved + extra + UNROLL_PROBS_COPIES * probs
+
+
+def unrolled_peak_bytes(w: Workload, b: float, t: int, blocks: int = 1) -> float:
+    """Besides the head's logits, what XLA:CPU's unrolled fp32 step holds at its peak (the head's
+    backward, before the first layer's) on top of every layer's `unrolled_layer_bytes`, in place of
+    the rolled step's one live layer: ln_f's input, output and its (D, b·T) transposed copy (the tied
+    head's wte-gradient LHS) and a broadcast constant the size of one layer's kept probs."""
+    T, D, N = w.seq_len, w.model.n_embd, w.model.n_head
+    return UNROLL_HEAD_UNITS * T * b * D * 4 + N * T * T * (blocks + 1) / (2 * blocks) * b / t * 4
+
+
+def unrolled_gathered_bytes(full: dict, el: dict, sharded: dict, mlp_chunks: int) -> float:
+    """Per layer, XLA's auto-sharded ZeRO-3 (fsdp > 1 outside jaxpar.parallel.fsdp's map: remat=selective
+    or mlp_chunks > 1) in the unrolled fp32 step: it all-gathers each layer's weights in forward and
+    keeps them to the layer's backward, one fp32 gathered copy per layer (the MLP's not with
+    mlp_chunks > 1: gathered per chunk inside the chunk loop), where the grads term counts their 1/f
+    shards. full / el: parameter elements per layer before / after the fsdp split (cost.group_elems);
+    seen in row 20's peak live set (2x4x1x1 selective): f32[768,256] c_attn, f32[256,256] c_proj."""
+    gathered = ("attn", "mlp") if mlp_chunks == 1 else ("attn",)
+    return 4 * sum(full[g] - el[g] for g in gathered if sharded[g])

@@ -21,6 +21,8 @@ replicated, their fp32 mean/rstd (T, b, 1) ×4; q, k, v, attn out, fc out, gelu 
 the nb causal query blocks of the CPU core, devices.py `causal_blocks`]. Flash attention replaces the T² term by the
 fp32 log-sum-exp N·T·b/t·4. remat=selective drops the T² term (recomputed); remat=full keeps only
 the block input T·b·D·cb; mlp_chunks > 1 drops the 8/t MLP part (recomputed chunk by chunk).
+XLA:CPU's unrolled fp32 layer loop (devices.py `unrolled_fp32`, no pipeline, L <= 12) keeps more and
+ignores most remat: activations.py `unrolled_layer_bytes` (its docstring has the counts).
 Pipelines (p > 1) rematerialise each pipeline iteration: saved = (R·M+S-1) stage inputs
 T·b·D·cb, plus one iteration's activations while it is recomputed. schedule=1f1b (R = 1) keeps
 min(M, 2S-1) stage inputs (+2 carried transfers), no embedded batch, one microbatch's logits on
@@ -67,6 +69,10 @@ from jaxpar.planner.activations import (  # noqa: F401  (re-exported: per-layer 
     REP_UNITS,
     causal_blocks,
     layer_activation_bytes,
+    layers_unrolled,
+    unrolled_gathered_bytes,
+    unrolled_layer_bytes,
+    unrolled_peak_bytes,
 )
 from jaxpar.planner.devices import DeviceSpec
 
@@ -309,6 +315,11 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     saved, live = layer_activation_bytes(w, b, t, remat, s.mlp_chunks, w.cb, dev.native_bf16 and w.cb < 4, mgl, sp,
                                          blocks=nb)
     unit = T * b * D * cb  # one (b, T, D) activation in the compute dtype
+    # XLA:CPU unrolls the layers (gpt2.scan_unroll) but not in pipeline stages or jaxpar.parallel.fsdp's
+    # map; GPUs too (unmeasured: only the `cpu` row sets unrolled_fp32); bf16 is measured lower: left out
+    fsdp_map = f > 1 and S == 1 and s.remat != "selective" and s.mlp_chunks == 1  # jaxpar.parallel.fsdp.applies
+    unrolled = (dev.unrolled_fp32 and w.precision == "fp32" and S == 1 and not mgl and not fsdp_map
+                and layers_unrolled(L))
     if S > 1:
         # pipeline.py: S·R virtual stages, padded to the largest (lmax layers); one scan of
         # N = (R-1)·max(M, S) + M + S - 1 iterations, each stage recomputed in backward.
@@ -352,7 +363,11 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         layers_run, head_rows_share = M * L, 1.0
         layers_sent = layers_run
         compute = M * (L * fl_layer_train + fl_head_train) * sec
-        acts = L * saved + (live if remat == "full" else 0.0)
+        if unrolled:  # every layer's kept values, no separately recomputed layer (see unrolled_layer_bytes)
+            acts = L * (unrolled_layer_bytes(w, b, t, remat, s.mlp_chunks, nb)
+                        + unrolled_gathered_bytes(full, el, sharded, s.mlp_chunks))
+        else:
+            acts = L * saved + (live if remat == "full" else 0.0)
         passes = M  # train.py's accumulation scan: each microbatch gathers and reduces
     if remat == "none" and w.precision == "bf16":
         acts += layers_state * (el["attn"] + el["mlp"] - 13 * D / t) * w.cb  # saved compute-dtype weight casts
@@ -369,6 +384,8 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     head = 2 * T * b * V * 4 / t / s.vocab_chunks * (M * head_rows_share if S > 1 and not (mg or one_f) else 1)
     # logits/log-probs/grad + one layer's activation grads (a pipeline's stage re-run is in `acts`)
     tmp = head + live * (1 if remat != "full" and S == 1 else 0)
+    if unrolled:  # the peak is the head's backward: ln_f's values, no live layer (unrolled_peak_bytes)
+        tmp = head + unrolled_peak_bytes(w, b, t, nb)
     per_layer_gather = S > 1 and s.gather == "layer" and not mg
     if f > 1 and S > 1 and not per_layer_gather:
         # pipeline.gather=step gathers a stage's weights once per step; grads stay unsharded until the end.
@@ -391,7 +408,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         # dynamic-update-slice f32[lmax, ...] beside the accumulator's add; XLA inlines a
         # one-layer stage's scan, whose grads go straight into the accumulator)
         tmp += 4 * lmax * full_layer
-    if s.mlp_chunks > 1 and S == 1:
+    if s.mlp_chunks > 1 and S == 1 and not unrolled:
         # only one chunk of the MLP hidden activations is live at once; a pipeline's stage re-run
         # is in `acts`, whose `saved` already drops the MLP units, so there is nothing to take off
         tmp -= T * b * D * cb * MLP_UNITS / t * (1 - 1 / s.mlp_chunks)

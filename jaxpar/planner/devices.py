@@ -50,6 +50,9 @@ class DeviceSpec:
     shared_host: bool = False  # True: emulated devices share one host; peak and mem_bandwidth are the host's
     hbm_bandwidth: float = 0.0  # accelerator memory bytes/s for memory-bound (elementwise) kernels; 0: not modelled
     causal_blocks: bool = False  # True: the attention core runs by causal query blocks (jaxpar.mixed_attention on XLA:CPU)
+    # True: XLA:CPU's unrolled layer loop (gpt2.scan_unroll), whose fp32 step keeps more than the rolled
+    # scan (activations.unrolled_layer_bytes). GPUs unroll too (up to 24 layers), memory unmeasured: False.
+    unrolled_fp32: bool = False
 
 
 DEVICES: dict[str, DeviceSpec] = {
@@ -57,7 +60,7 @@ DEVICES: dict[str, DeviceSpec] = {
     # (rerun it and copy its figures for another host).
     "cpu": DeviceSpec("cpu", 2.7e11, 2.7e11, 16 * GiB, 1.1e9, 1.1e9, 2e-5, node_size=1 << 30, efficiency=0.5,
                       knee_rows=128.0, knee_cols=32.0, reduce_scatter=False, native_bf16=False, mem_bandwidth=6.2e9,
-                      shared_host=True, causal_blocks=True),
+                      shared_host=True, causal_blocks=True, unrolled_fp32=True),
     "a100-40g": DeviceSpec("a100-40g", 312e12, 19.5e12, 40 * GiB, 300e9, 25e9, 5e-6, efficiency=0.859, overlap=0.5,
                            hbm_bandwidth=1.555e12),
     "a100-80g": DeviceSpec("a100-80g", 312e12, 19.5e12, 80 * GiB, 300e9, 25e9, 5e-6, efficiency=0.859, overlap=0.5,
@@ -123,7 +126,7 @@ def get_device(kind: str, overrides: dict[str, str] | None = None) -> DeviceSpec
                 v = parse_bytes(raw, "device.memory")
             elif k == "node_size":
                 v = int(raw)
-            elif k in ("reduce_scatter", "native_bf16", "shared_host"):
+            elif k in ("reduce_scatter", "native_bf16", "shared_host", "causal_blocks", "unrolled_fp32"):
                 v = str(raw).lower() in ("1", "true", "yes")
             else:
                 v = float(raw)
