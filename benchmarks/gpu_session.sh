@@ -69,7 +69,7 @@ if [ "${1:-}" = profile ]; then  # second lease: where the step's time goes, and
   run prof124 150 py benchmarks/gpu_profile.py --model gpt2 --batch 16 --out "$OUT/gpu_profile_124m.json"
   BAD=$(python3 -c 'import jaxpar.xla_flags as x; print(",".join(f.split("=")[0] for f in x.GPU_FLAGS))') \
     run mfu_noflags 90 py benchmarks/gpu_mfu.py --models gpt2-medium --out "$OUT/gpu_mfu_noflags.json"
-  PATCH='import jaxpar.models.gpt2 as g; g.scan_unroll = lambda n: n' \
+  PATCH='import jaxpar.models.gpt2 as g; g.scan_unroll = lambda n, backend=None, remat="none": n' \
     run mfu_unrolled 150 py benchmarks/gpu_mfu.py --models gpt2-medium,gpt2 --out "$OUT/gpu_mfu_unrolled.json"
   echo "=== done ($(date -u +%T))"
   exit 0
@@ -85,7 +85,7 @@ fi
 
 if [ "${1:-}" = verify ]; then  # third lease: the head's bf16 backward and the unrolled scan, A/B
   run mfu 120 py benchmarks/gpu_mfu.py --out "$OUT/gpu_mfu.json"
-  PATCH='import jaxpar.models.gpt2 as g; g.scan_unroll = lambda n: 1' \
+  PATCH='import jaxpar.models.gpt2 as g; g.scan_unroll = lambda n, backend=None, remat="none": 1' \
     run mfu_rolled 120 py benchmarks/gpu_mfu.py --out "$OUT/gpu_mfu_rolled.json"
   run mfu_b16 90 py benchmarks/gpu_mfu.py --models gpt2-medium --batch 16 --out "$OUT/gpu_mfu_b16.json"
   run check 120 py benchmarks/gpu_check.py --out "$OUT/gpu_check.json"

@@ -7,6 +7,7 @@ sums may be reassociated: bounded by the fp32 dot-form table entry, measured bel
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax
@@ -27,7 +28,7 @@ def _step(rolled: bool):
     tok = jnp.asarray(np.random.default_rng(1).integers(0, MC.vocab_size, (2, 33)), jnp.int32)
     with pytest.MonkeyPatch.context() as mp:
         if rolled:
-            mp.setattr(gpt2, "scan_unroll", lambda n_layer: 1)
+            mp.setattr(gpt2, "scan_unroll", lambda n_layer, backend=None, remat="none": 1)
         step = jax.jit(jax.value_and_grad(lambda p: gpt2.GPT2(MC, p, policy="fp32").loss(tok[:, :-1], tok[:, 1:])))
         hlo = step.lower(params).compile().as_text()
         loss, grads = step(params)
@@ -59,3 +60,29 @@ def test_fp32_layer_scan_is_unrolled_on_cpu_with_the_rolled_values():
 def test_how_many_layers_one_scan_step_runs_per_backend(monkeypatch, backend, n_layer, unroll):
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
     assert gpt2.scan_unroll(n_layer) == unroll
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+@pytest.mark.parametrize("remat", ["selective", "full"])
+def test_remat_keeps_the_scan_rolled(monkeypatch, backend, remat):
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    assert gpt2.scan_unroll(4) == 4 and gpt2.scan_unroll(4, remat=remat) == 1
+
+
+def _temp_mib(precision: str, remat: str) -> float:
+    mc = dataclasses.replace(PRESETS["gpt2-tiny"], n_layer=4)
+    params = jax.tree.map(jnp.asarray, gpt2.init_params(mc, 0))
+    tok = jnp.asarray(np.random.default_rng(0).integers(0, mc.vocab_size, (4, 129)), jnp.int32)
+    step = jax.jit(jax.value_and_grad(
+        lambda p: gpt2.GPT2(mc, p, policy=precision, remat=remat).loss(tok[:, :-1], tok[:, 1:])))
+    return step.lower(params).compile().memory_analysis().temp_size_in_bytes / 2**20
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_remat_full_lowers_the_compiled_peak(precision):
+    """What train.remat promises: less memory. Unrolled, XLA merged each layer's recomputation with its
+    forward and full remat saved nothing (6L D256 T256 B8 fp32: 357.7 MiB with or without; rolled
+    84.1). gpt2-tiny 4 layers B4 T128, compiled temp memory measured: fp32 none 28.8 / full 10.0 MiB, bf16 20.0 /
+    8.0."""
+    none, full = _temp_mib(precision, "none"), _temp_mib(precision, "full")
+    assert full < 0.5 * none, (none, full)

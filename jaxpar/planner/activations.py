@@ -99,37 +99,30 @@ UNROLL_PROBS_COPIES = 1  # a second copy of the kept fp32 probs (each causal que
 UNROLL_HEAD_UNITS = 3  # at the peak (the head's backward): ln_f's input, output and transposed output
 
 
-def layers_unrolled(n_layer: int) -> bool:
-    """Whether XLA:CPU runs the n_layer layers unrolled (`gpt2.scan_unroll` on "cpu")."""
+def layers_unrolled(n_layer: int, remat: str) -> bool:
+    """Whether XLA:CPU runs the n_layer layers unrolled (`gpt2.scan_unroll` on "cpu": up to 12 layers,
+    remat none only)."""
     from jaxpar.models.gpt2 import scan_unroll  # lazily: the rest of the planner needs no jax
 
-    return scan_unroll(n_layer, "cpu") > 1
+    return scan_unroll(n_layer, "cpu", remat) > 1
 
 
-def unrolled_layer_bytes(w: Workload, b: float, t: int, remat: str, mlp_chunks: int, blocks: int = 1) -> float:
+def unrolled_layer_bytes(w: Workload, b: float, t: int, mlp_chunks: int, blocks: int = 1) -> float:
     """Bytes one layer keeps from forward to backward in XLA:CPU's unrolled fp32 step (one microbatch of
-    b rows on one device): what `layer_activation_bytes` saves plus the copies above, u = T·b·D·4,
-    P = the kept fp32 probs N·T²·b/t·4·(nb + 1)/(2 nb):
+    b rows on one device; remat none, the only remat the model unrolls): what `layer_activation_bytes`
+    saves plus the copies above, u = T·b·D·4, P = the kept fp32 probs N·T²·b/t·4·(nb + 1)/(2 nb):
 
-        remat none | selective, or full at t = 1:
-            saved(none) + u·(2 + 1/t + 4/t) + P      (mlp_chunks = 1)
-            saved(none) + u·(1 + 1/t + 2) + P        (mlp_chunks > 1)
-        remat full at t > 1:  u·(3 + 4/t) + T·b·8 + 2P  (+ the transposes u·(1 + 1/t))
+        saved(none) + u·(2 + 1/t + 4/t) + P      (mlp_chunks = 1)
+        saved(none) + u·(1 + 1/t + 2) + P        (mlp_chunks > 1)
 
-    Unrolled, the loop is straight-line code in which XLA merges a layer's recomputation with its
-    forward: the compiled peak is the same for remat none, selective and full (row 1's 8×1×1×1 mesh:
-    91.43 MiB each, rolled 85.99 / 82.37 / 71.52; FLOPs 6.124 G each; jax.checkpoint's
-    prevent_cse=True brings full's recompute back, 7.32 GFLOP, not the memory). A tensor all-reduce
-    is not merged, so at t > 1 full remat recomputes from the first one (attention c_proj's partial
-    sums) on: a layer keeps its input, ln_1 output (+ fp32 stats), q, k, v in the core's block layouts
-    (4/t units), c_proj's (b, T, D) partial output, the probs twice, and the ln_1 / attention-output
-    transposes. Measured per layer (unrolled minus rolled compiled step, slope over L = 2, 4, 6):
-    6.00 MiB at 1×1×8×1 (b 16, T 128, D 256, formula 6.0), 2.49 MiB at 8×1×1×1 (2.5)."""
+    (With remat the model keeps the scan rolled: unrolled, XLA merged each layer's recomputation with
+    its forward and remat saved nothing, row 1's 8×1×1×1 mesh 91.43 MiB for none, selective and full
+    alike, rolled 85.99 / 82.37 / 71.52; gpt2.scan_unroll.) Measured per layer (unrolled minus rolled
+    compiled step, slope over L = 2, 4, 6): 6.00 MiB at 1×1×8×1 (b 16, T 128, D 256, formula 6.0),
+    2.49 MiB at 8×1×1×1 (2.5)."""
     T, D, N = w.seq_len, w.model.n_embd, w.model.n_head
     u = T * b * D * 4
     probs = N * T * T * (blocks + 1) / (2 * blocks) * b / t * 4
-    if remat == "full" and t > 1:
-        return u * (3 + 4 / t) + T * b * LN_STATS_BYTES / 2 + 2 * probs + u * (1 + 1 / t)
     saved, _ = layer_activation_bytes(w, b, t, "none", mlp_chunks, 4, False, blocks=blocks)
     if mlp_chunks == 1:
         extra = u * (UNROLL_T_UNITS + 1 / t + UNROLL_MLP_UNITS / t)
@@ -147,12 +140,12 @@ def unrolled_peak_bytes(w: Workload, b: float, t: int, blocks: int = 1) -> float
     return UNROLL_HEAD_UNITS * T * b * D * 4 + N * T * T * (blocks + 1) / (2 * blocks) * b / t * 4
 
 
-def unrolled_gathered_bytes(full: dict, el: dict, sharded: dict, mlp_chunks: int) -> float:
-    """Per layer, XLA's auto-sharded ZeRO-3 (fsdp > 1 outside jaxpar.parallel.fsdp's map: remat=selective
-    or mlp_chunks > 1) in the unrolled fp32 step: it all-gathers each layer's weights in forward and
-    keeps them to the layer's backward, one fp32 gathered copy per layer (the MLP's not with
-    mlp_chunks > 1: gathered per chunk inside the chunk loop), where the grads term counts their 1/f
-    shards. full / el: parameter elements per layer before / after the fsdp split (cost.group_elems);
-    seen in row 20's peak live set (2x4x1x1 selective): f32[768,256] c_attn, f32[256,256] c_proj."""
-    gathered = ("attn", "mlp") if mlp_chunks == 1 else ("attn",)
-    return 4 * sum(full[g] - el[g] for g in gathered if sharded[g])
+def unrolled_gathered_bytes(full: dict, el: dict, sharded: dict) -> float:
+    """Per layer, XLA's auto-sharded ZeRO-3 in the unrolled fp32 step (fsdp > 1 outside
+    jaxpar.parallel.fsdp's map, i.e. mlp_chunks > 1: with remat the scan stays rolled): it
+    all-gathers each layer's attention weights in forward and keeps them to the layer's backward, one
+    fp32 gathered copy per layer (the MLP's are gathered per chunk inside the chunk loop), where the
+    grads term counts their 1/f shards. full / el: parameter elements per layer before / after the
+    fsdp split (cost.group_elems); seen in row 20's peak live set (2x4x1x1, selective remat then
+    unrolled): f32[768,256] c_attn, f32[256,256] c_proj."""
+    return 4 * (full["attn"] - el["attn"]) if sharded["attn"] else 0.0

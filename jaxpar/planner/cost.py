@@ -21,8 +21,8 @@ replicated, their fp32 mean/rstd (T, b, 1) ×4; q, k, v, attn out, fc out, gelu 
 the nb causal query blocks of the CPU core, devices.py `causal_blocks`]. Flash attention replaces the T² term by the
 fp32 log-sum-exp N·T·b/t·4. remat=selective drops the T² term (recomputed); remat=full keeps only
 the block input T·b·D·cb; mlp_chunks > 1 drops the 8/t MLP part (recomputed chunk by chunk).
-XLA:CPU's unrolled fp32 layer loop (devices.py `unrolled_fp32`, no pipeline, L <= 12) keeps more and
-ignores most remat: activations.py `unrolled_layer_bytes` (its docstring has the counts).
+XLA:CPU's unrolled fp32 layer loop (devices.py `unrolled_fp32`, no pipeline, L <= 12, remat none: with
+remat the model keeps the scan rolled) keeps more: activations.py `unrolled_layer_bytes` (the counts).
 Pipelines (p > 1) rematerialise each pipeline iteration: saved = (R·M+S-1) stage inputs
 T·b·D·cb, plus one iteration's activations while it is recomputed. schedule=1f1b (R = 1) keeps
 min(M, 2S-1) stage inputs (+2 carried transfers), no embedded batch, one microbatch's logits on
@@ -319,7 +319,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     # map; GPUs too (unmeasured: only the `cpu` row sets unrolled_fp32); bf16 is measured lower: left out
     fsdp_map = f > 1 and S == 1 and s.remat != "selective" and s.mlp_chunks == 1  # jaxpar.parallel.fsdp.applies
     unrolled = (dev.unrolled_fp32 and w.precision == "fp32" and S == 1 and not mgl and not fsdp_map
-                and layers_unrolled(L))
+                and layers_unrolled(L, s.remat))
     if S > 1:
         # pipeline.py: S·R virtual stages, padded to the largest (lmax layers); one scan of
         # N = (R-1)·max(M, S) + M + S - 1 iterations, each stage recomputed in backward.
@@ -364,8 +364,8 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         layers_sent = layers_run
         compute = M * (L * fl_layer_train + fl_head_train) * sec
         if unrolled:  # every layer's kept values, no separately recomputed layer (see unrolled_layer_bytes)
-            acts = L * (unrolled_layer_bytes(w, b, t, remat, s.mlp_chunks, nb)
-                        + unrolled_gathered_bytes(full, el, sharded, s.mlp_chunks))
+            acts = L * (unrolled_layer_bytes(w, b, t, s.mlp_chunks, nb)
+                        + unrolled_gathered_bytes(full, el, sharded))
         else:
             acts = L * saved + (live if remat == "full" else 0.0)
         passes = M  # train.py's accumulation scan: each microbatch gathers and reduces
