@@ -277,13 +277,14 @@ def scan_unroll(n_layer: int, backend: str | None = None, remat: Remat | str = R
     which XLA merges each layer's recomputation with its forward, so remat saves nothing. One
     device, 6L D256 T256 B8, compiled temp memory, remat none / selective / full: fp32 unrolled 357.7
     each, rolled 271.9 / 245.5 / 84.1 MiB; bf16 unrolled 241.4 / 241.4 / 247.4, rolled 263.1 / 229.2
-    / 67.3 (tests/test_scan_unroll.py pins that remat=full lowers the peak). The planner counts the fp32 CPU copies (planner/activations.py `unrolled_layer_bytes`;
-    jaxpar/planner/README.md, "Rerun 2026-11-25" and "Rerun 2026-11-26").
+    / 67.3 (tests/test_scan_unroll.py pins that remat=full lowers the peak). The planner counts
+    the fp32 CPU copies (planner/activations.py `unrolled_layer_bytes`; jaxpar/planner/README.md,
+    "Rerun 2026-11-25" and "Rerun 2026-11-26").
     On GPU: all of them up to 24 layers. One H200, bf16, seq 1024, median step rolled -> unrolled:
     GPT-2 350M (24 layers) B8 68.3 -> 58.8 ms, 124M B16 58.5 -> 52.6 ms (the rolled loop stacks every
-    layer's saved activations with dynamic-update-slice copies; benchmarks/README.md, "gpu_mfu.py"). Deeper
-    models (1.5B: 48) stay rolled: their compile time and memory unrolled were not measured; nor
-    was the GPU memory of the unrolled step at any depth (the planner does not model it there).
+    layer's saved activations with dynamic-update-slice copies; benchmarks/README.md, "gpu_mfu.py").
+    Deeper models (1.5B: 48) stay rolled: their compile time and memory unrolled were not measured;
+    nor was the GPU memory of the unrolled step at any depth (the planner does not model it there).
     Elsewhere the rolled scan. `backend`: jax's default backend unless given (the planner asks for
     "cpu")."""
     backend = jax.default_backend() if backend is None else backend
