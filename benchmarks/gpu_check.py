@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gpu_mfu, also under runpy (gpu_session.sh)
 
-from jaxpar import xla_flags  # noqa: E402
+from gpu_mfu import start_gpu, write_json  # noqa: E402
 
 
 def grads_and_loss(precision: str, impl: str, batch: int, seq: int):
@@ -62,17 +62,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                  "gpu_check.json"))
     args = p.parse_args(argv)
-    if not xla_flags.has_nvidia_gpu():
-        print("error: gpu_check.py compares the GPU attention paths and needs an NVIDIA GPU (none here: no "
-              f"/dev/nvidia*, no nvidia-smi, or JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r})", file=sys.stderr)
+    if not start_gpu("gpu_check.py", "compares the GPU attention paths"):
         return 2
-    xla_flags.apply_gpu_defaults()
     import jax
     import numpy as np
 
-    if jax.default_backend() != "gpu":
-        print(f"error: gpu_check.py needs a GPU (jax backend: {jax.default_backend()})", file=sys.stderr)
-        return 2
     ref_loss, ref_g = grads_and_loss("fp32", "einsum", args.batch, args.seq)
     rows = []
 
@@ -91,10 +85,7 @@ def main(argv=None) -> int:
         row("bf16", impl, "fp32 einsum", ref_loss, ref_g)
     report = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "batch": args.batch, "seq": args.seq,
               "reference_loss": ref_loss, "rows": rows}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"wrote {args.out}")
+    write_json(report, args.out)
     return 0
 
 

@@ -41,7 +41,28 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def measure(model: str, batch: int, args) -> dict:
+def start_gpu(script: str, what: str) -> bool:
+    """Start JAX on the GPU with jaxpar's GPU XLA flags (`jaxpar train` does the same), for this and
+    the other GPU benchmarks (gpu_check.py, gpu_profile.py). Where there is no GPU: one `error:` line
+    on stderr naming `script` and `what` it does, and False; the first check runs before JAX starts."""
+    if not xla_flags.has_nvidia_gpu():
+        print(f"error: {script} {what} and needs an NVIDIA GPU (none here: no /dev/nvidia*, no nvidia-smi, "
+              f"or JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r})", file=sys.stderr)
+        return False
+    xla_flags.apply_gpu_defaults()  # before JAX starts
+    import jax
+
+    backend = jax.default_backend()
+    if backend != "gpu":
+        print(f"error: {script} {what} and needs a GPU (jax backend: {backend}, devices: "
+              f"{', '.join(sorted({d.device_kind for d in jax.devices()}))})", file=sys.stderr)
+        return False
+    return True
+
+
+def preset_step(model: str, batch: int, seq: int, attention: str = "auto", remat: str = "none"):
+    """(cfg, trainer, state, x, y): the real bf16 `build_trainer` step of preset `model` on one
+    device, seed-0 weights and a random (batch, seq) batch."""
     import dataclasses
 
     import jax
@@ -50,15 +71,29 @@ def measure(model: str, batch: int, args) -> dict:
     from jaxpar.config import PRESETS, Config, TrainConfig
     from jaxpar.mesh import build_mesh
     from jaxpar.models.gpt2 import init_params
-    from jaxpar.train import build_trainer, device_peak_flops
+    from jaxpar.train import build_trainer
 
-    mc = dataclasses.replace(PRESETS[model], attention=args.attention)
+    mc = dataclasses.replace(PRESETS[model], attention=attention)
     cfg = Config(model=mc, model_name=model, precision="bf16",
-                 train=TrainConfig(batch_size=batch, seq_len=args.seq, remat=args.remat))
+                 train=TrainConfig(batch_size=batch, seq_len=seq, remat=remat))
     trainer = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))
     state = trainer.init_state(init_params(mc, 0))
-    toks = np.random.default_rng(0).integers(0, mc.vocab_size, (batch, args.seq + 1)).astype(np.int32)
-    x, y = trainer.put_batch(toks[:, :-1]), trainer.put_batch(toks[:, 1:])
+    toks = np.random.default_rng(0).integers(0, mc.vocab_size, (batch, seq + 1)).astype(np.int32)
+    return cfg, trainer, state, trainer.put_batch(toks[:, :-1]), trainer.put_batch(toks[:, 1:])
+
+
+def write_json(report: dict, out: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"wrote {out}")
+
+
+def measure(model: str, batch: int, args) -> dict:
+    from jaxpar.train import device_peak_flops
+
+    cfg, trainer, state, x, y = preset_step(model, batch, args.seq, args.attention, args.remat)
+    mc = cfg.model
     times = []
     for i in range(args.warmup + args.steps):
         t0 = time.perf_counter()
@@ -77,18 +112,10 @@ def measure(model: str, batch: int, args) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not xla_flags.has_nvidia_gpu():  # refuse before paying for a JAX start-up
-        print("error: gpu_mfu.py measures GPU MFU and needs an NVIDIA GPU (none here: no /dev/nvidia*, "
-              f"no nvidia-smi, or JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r})", file=sys.stderr)
+    if not start_gpu("gpu_mfu.py", "measures GPU MFU"):
         return 2
-    xla_flags.apply_gpu_defaults()  # before JAX starts
     import jax
 
-    backend = jax.default_backend()
-    if backend != "gpu":
-        print(f"error: gpu_mfu.py measures GPU MFU and needs a GPU (jax backend: {backend}, devices: "
-              f"{', '.join(sorted({d.device_kind for d in jax.devices()}))})", file=sys.stderr)
-        return 2
     models = [m for m in args.models.split(",") if m]
     batches = [int(b) for b in args.batch.split(",")] if args.batch else [PRESET_BATCH.get(m, 8) for m in models]
     rows = []
@@ -99,10 +126,7 @@ def main(argv=None) -> int:
               f"{r['tokens_per_s']:9.0f} tok/s  {r['tflops_per_s']:6.1f} TFLOP/s  MFU {100 * r['mfu']:.1f}%", flush=True)
     report = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
               "xla_flags": os.environ.get("XLA_FLAGS", ""), "rows": rows}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"wrote {args.out}")
+    write_json(report, args.out)
     return 0
 
 

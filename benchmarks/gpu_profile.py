@@ -26,8 +26,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gpu_mfu, also under runpy (gpu_session.sh)
 
-from jaxpar import xla_flags  # noqa: E402
+from gpu_mfu import preset_step, start_gpu, write_json  # noqa: E402
 
 # kernel-name fragments -> class; the first match wins (cuBLAS/CUTLASS gemms, cuDNN attention)
 CLASSES = (("attention", ("fmha", "flash", "cudnn", "sdpa")),
@@ -90,28 +91,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                  "gpu_profile.json"))
     args = p.parse_args(argv)
-    if not xla_flags.has_nvidia_gpu():
-        print("error: gpu_profile.py profiles the GPU step and needs an NVIDIA GPU (none here: no /dev/nvidia*, "
-              f"no nvidia-smi, or JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r})", file=sys.stderr)
+    if not start_gpu("gpu_profile.py", "profiles the GPU step"):
         return 2
-    xla_flags.apply_gpu_defaults()
-    import dataclasses
-
     import jax
-    import numpy as np
 
-    from jaxpar.config import PRESETS, Config, TrainConfig
-    from jaxpar.mesh import build_mesh
-    from jaxpar.models.gpt2 import init_params
-    from jaxpar.train import build_trainer
-
-    mc = dataclasses.replace(PRESETS[args.model], attention=args.attention)
-    cfg = Config(model=mc, model_name=args.model, precision="bf16",
-                 train=TrainConfig(batch_size=args.batch, seq_len=args.seq))
-    trainer = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))
-    state = trainer.init_state(init_params(mc, 0))
-    toks = np.random.default_rng(0).integers(0, mc.vocab_size, (args.batch, args.seq + 1)).astype(np.int32)
-    x, y = trainer.put_batch(toks[:, :-1]), trainer.put_batch(toks[:, 1:])
+    _, trainer, state, x, y = preset_step(args.model, args.batch, args.seq, args.attention)
     for _ in range(3):  # compile and settle
         state, m = trainer.step_fn(state, x, y)
         float(m["loss"])
@@ -144,10 +128,7 @@ def main(argv=None) -> int:
     print("  by XLA op:")
     for n, ms in list(ops["top_ms"].items())[:20]:
         print(f"  {ms:8.2f}  {n[:40]:<40} {ops['text'].get(n, '')[:90]}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"wrote {args.out}")
+    write_json(report, args.out)
     return 0
 
 

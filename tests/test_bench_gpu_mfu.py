@@ -1,5 +1,6 @@
 """benchmarks/gpu_mfu.py, gpu_check.py and gpu_profile.py refuse on a machine without a GPU: one
-line, exit 2, nothing written; gpu_profile.py's trace reader on a synthetic Chrome-format trace."""
+line, exit 2, nothing written (gpu_mfu.start_gpu, shared); gpu_profile.py's trace reader on a
+synthetic Chrome-format trace."""
 
 import os
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
+import gpu_mfu  # noqa: E402
 import gpu_profile  # noqa: E402
 
 WHAT = {"gpu_mfu.py": "measures GPU MFU", "gpu_check.py": "compares the GPU attention paths",
@@ -27,6 +29,15 @@ def test_refuses_on_cpu(tmp_path, script):
         f"error: {script} {WHAT[script]} and needs an NVIDIA GPU (none here: no /dev/nvidia*, no nvidia-smi, "
         "or JAX_PLATFORMS='cpu')"]
     assert r.stdout == "" and not out.exists()
+
+
+def test_refuses_where_jax_sees_no_gpu(monkeypatch, capsys):
+    """A machine with an NVIDIA device that JAX does not use (no CUDA plugin, say): the second check."""
+    monkeypatch.setattr(gpu_mfu.xla_flags, "has_nvidia_gpu", lambda *a: True)
+    monkeypatch.setenv("XLA_FLAGS", "")  # apply_gpu_defaults writes it; restored after the test
+    assert gpu_mfu.start_gpu("gpu_x.py", "does X") is False
+    assert capsys.readouterr().err.splitlines() == [
+        "error: gpu_x.py does X and needs a GPU (jax backend: cpu, devices: cpu)"]
 
 
 def _meta(kind, pid, name, tid=None):
