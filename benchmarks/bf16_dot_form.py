@@ -42,17 +42,16 @@ def build(dims, precision: str, form):
     """A compiled train step of `dims` under `precision`, the dot form forced while it traces."""
     import jax
     import numpy as np
+    from single_device import config_of
 
     import jaxpar.precision as P
-    from jaxpar.config import Config, ModelConfig, TrainConfig
     from jaxpar.mesh import build_mesh
     from jaxpar.models.gpt2 import init_params
     from jaxpar.train import build_trainer
 
-    n_layer, n_embd, n_head, vocab, seq, batch = dims
-    mc = ModelConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab, n_positions=max(seq, 1024))
-    tc = TrainConfig(batch_size=batch, seq_len=seq, warmup_steps=0, steps=10**6, min_lr_ratio=1.0)
-    cfg = Config(model=mc, train=tc, precision=precision, seed=0)
+    _, _, _, vocab, seq, batch = dims
+    cfg = config_of(dims, precision)
+    mc = cfg.model
     trainer = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))
     toks = np.random.default_rng(0).integers(0, vocab, size=(batch, seq + 1)).astype(np.int32)
     x, y = trainer.put_batch(toks[:, :-1]), trainer.put_batch(toks[:, 1:])

@@ -68,6 +68,17 @@ CONFIGS = {
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni")
 
 
+def config_of(dims, precision: str, seed: int = 0):
+    """The jaxpar Config of a CONFIGS entry (n_layer, n_embd, n_head, vocab, seq, batch). Constant lr (no
+    warmup): every step does the same AdamW arithmetic, as torch's side here does."""
+    from jaxpar.config import Config, ModelConfig, TrainConfig
+
+    n_layer, n_embd, n_head, vocab, seq, batch = dims
+    mc = ModelConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab, n_positions=max(seq, 1024))
+    tc = TrainConfig(batch_size=batch, seq_len=seq, warmup_steps=0, steps=10**6, min_lr_ratio=1.0)
+    return Config(model=mc, train=tc, precision=precision, seed=seed)
+
+
 def cpu_flags() -> list[str]:
     """The CPU features that decide bf16 speed (see ../shared/DESIGN.md "Machine facts")."""
     from jaxpar.tolerances import cpu_flags as all_flags
@@ -229,13 +240,10 @@ def main(argv=None) -> dict:
 def run_config(args, dims, precisions, impls, native_bf16) -> dict:
     """Build every contender for one configuration, then time them interleaved."""
     from gpt2common.hf import to_hf_state_dict
-    from jaxpar.config import Config, ModelConfig, TrainConfig
     from jaxpar.models.gpt2 import init_params
 
-    n_layer, n_embd, n_head, vocab, seq, batch = dims
-    mc = ModelConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab, n_positions=max(seq, 1024))
-    # Constant lr (no warmup): both sides do the identical AdamW arithmetic every step.
-    tc = TrainConfig(batch_size=batch, seq_len=seq, warmup_steps=0, steps=10**6, min_lr_ratio=1.0)
+    _, _, _, vocab, seq, batch = dims
+    mc = config_of(dims, "fp32").model
     params = init_params(mc, args.seed)
     sd = to_hf_state_dict(mc, params)
     rng = np.random.default_rng(args.seed)
@@ -247,7 +255,7 @@ def run_config(args, dims, precisions, impls, native_bf16) -> dict:
     first_loss: dict[str, float] = {}
     skipped: dict[str, str] = {}
     for prec in precisions:
-        cfg = Config(model=mc, train=tc, precision=prec, seed=args.seed)
+        cfg = config_of(dims, prec, args.seed)
         for impl in impls:
             name = f"{impl}/{prec}"
             if impl != "jaxpar" and prec == "bf16" and (
