@@ -43,6 +43,21 @@ def run_worker(script: str, tmp_path, kind: str, *names: str) -> dict:
     return json.loads(path.read_text())
 
 
+def run_probe(code: str, arg, devices: int, timeout: float = 600):
+    """Run `python -c code json(arg)` on `devices` emulated CPU devices (the count must be set before JAX
+    starts, hence a subprocess; no compilation cache: probes read compiled executables' analyses) and
+    return the JSON of the last line it prints."""
+    import json
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu", PYTHONPATH=root)
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(arg)], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def run(args: list[str], tool: str = "jaxpar", timeout: float = 600, **env) -> subprocess.CompletedProcess:
     mod = {"jaxpar": "jaxpar.cli", "torchref": "torchref.cli"}[tool]
     return subprocess.run([sys.executable, "-m", mod, *args], capture_output=True, text=True, timeout=timeout,

@@ -18,14 +18,9 @@ parameters. All configurations compile in one subprocess (the device count must 
 JAX initialises).
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from cli_helpers import run_probe
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PSI = 536_064  # gpt2-tiny params with V=1024, P=64 (D=128, L=2)
 OUTER = 1024 * 128 + 64 * 128 + 2 * 128  # wte, wpe, ln_f
 NO_EMBED = 2 * (3 * 128 + 512)  # c_attn.bias (L, 3, N, Hd) and c_fc.bias (L, F): no embed dim, not fsdp-sharded
@@ -51,12 +46,7 @@ print(json.dumps(out))
 
 
 def _probe(meshes: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(meshes)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_probe(_PROBE, meshes, devices=8)
 
 
 @pytest.fixture(scope="module")

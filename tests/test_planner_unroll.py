@@ -1,17 +1,12 @@
 """The planner's memory term for XLA:CPU's unrolled fp32 layer loop (jaxpar/planner/activations.py
 `unrolled_layer_bytes`, `unrolled_peak_bytes`; jaxpar/planner/README.md, "Rerun 2026-11-26")."""
 
-import json
-import os
-import subprocess
-import sys
+from cli_helpers import run_probe
 
 from jaxpar.config import ModelConfig
 from jaxpar.planner.activations import causal_blocks, layer_activation_bytes, unrolled_layer_bytes
 from jaxpar.planner.cost import GROUPS, Strategy, Workload, estimate, group_elems
 from jaxpar.planner.devices import get_device
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The compiler side: jaxpar's real train step compiled (nothing run) on 2 emulated CPU devices for
 # L = 2 and 3 layers (unrolled on CPU: gpt2.scan_unroll); prints compiled.memory_analysis()'s
@@ -32,12 +27,7 @@ print(json.dumps(out))
 
 
 def _compiled_totals(variants: list) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(variants)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_probe(_PROBE, variants, devices=2)
 
 
 VARIANTS = [(1, "none", 1), (2, "none", 1), (1, "none", 2)]  # unrolled: remat none only (gpt2.scan_unroll)
