@@ -139,7 +139,8 @@ def _weight_grad(spec: str, a, g, a_cost: float = 1):
     fg = math.prod(size[c] for c in w if c not in sa)  # ... and from g (D)
     a_first = w[0] in sa  # XLA's LHS, the operand it copies transposed: a for 'fd'
     copy_a, copy_g = n * fa * a_cost, n * fg  # what a transposed copy of each operand costs
-    if (copy_g if a_first else copy_a) + fa * fg >= (copy_a if a_first else copy_g):
+    cpu_swap = (copy_g if a_first else copy_a) + fa * fg < (copy_a if a_first else copy_g)
+    if not (cpu_swap and _fp32_out_dots()):  # off XLA:CPU (GPU: cuBLAS takes any operand order) never
         return jnp.einsum(spec, a, g, preferred_element_type=jnp.float32)
     # the other operand on the LHS, its weight dims first ('btd,btf->df' for 'fd'), then back to w's order
     (s1, x1), (s2, x2) = ((sg, g), (sa, a)) if a_first else ((sa, a), (sg, g))
@@ -153,11 +154,8 @@ def _mixed_bwd(spec, dtype, a_elementwise, res, g):
     ta, tb = _transpose_specs(spec)
     g = dot_operand(g, dtype)
     da = jnp.einsum(ta, g, dot_operand(b, dtype), preferred_element_type=jnp.float32)
-    if _fp32_out_dots():  # XLA:CPU: the weight gradient in the operand order YNNPACK takes
-        a_cost = RECOMPUTED_COPY_COST if a_elementwise and dtype == jnp.float32 else 1
-        db = _weight_grad(tb, dot_operand(a, dtype), g, a_cost)
-    else:  # GPU: cuBLAS takes any operand order
-        db = jnp.einsum(tb, a.astype(dtype), g, preferred_element_type=jnp.float32)
+    a_cost = RECOMPUTED_COPY_COST if a_elementwise and dtype == jnp.float32 else 1
+    db = _weight_grad(tb, dot_operand(a, dtype), g, a_cost)
     return da.astype(a.dtype), db.astype(b.dtype)
 
 
