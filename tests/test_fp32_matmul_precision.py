@@ -13,10 +13,10 @@ import collections
 import dataclasses
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jaxpr_walk import dot_eqns
 
 from jaxpar.config import PRESETS
 from jaxpar.models import gpt2
@@ -26,10 +26,7 @@ F32 = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
 
 
 def _dot_precisions(jaxpr) -> list:
-    out = [e.params["precision"] for e in jaxpr.eqns if e.primitive.name == "dot_general"]
-    for sub in jax.extend.core.subjaxprs(jaxpr):
-        out += _dot_precisions(sub)
-    return out
+    return [e.params["precision"] for e in dot_eqns(jaxpr)]
 
 
 def _grad_dots(precision: str, vocab_chunks: int = 1, remat: str = "none", attention: str = "auto") -> list:

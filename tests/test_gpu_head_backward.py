@@ -9,23 +9,17 @@ tests/test_planner_cost.py does; the dots are read off the jaxpr of the gradient
 from __future__ import annotations
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jaxpr_walk import dot_eqns
 
 from jaxpar import precision
 
 
 def _dots(jaxpr) -> list[tuple]:
     """(lhs dtype, rhs dtype, out dtype) of every dot_general in `jaxpr` and its sub-jaxprs."""
-    out = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            out.append((eqn.invars[0].aval.dtype, eqn.invars[1].aval.dtype, eqn.outvars[0].aval.dtype))
-    for sub in jax.extend.core.subjaxprs(jaxpr):  # custom_vjp, pjit, ... bodies
-        out += _dots(sub)
-    return out
+    return [(e.invars[0].aval.dtype, e.invars[1].aval.dtype, e.outvars[0].aval.dtype) for e in dot_eqns(jaxpr)]
 
 
 def test_gpu_bf16_head_backward_dots_are_bf16_with_fp32_outputs(monkeypatch):

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jaxpr_walk import all_eqns
 
 from jaxpar.config import ConfigError, ModelConfig, Remat, resolve
 from jaxpar.models import gpt2
@@ -78,20 +79,8 @@ def test_chunked_head_never_materialises_full_logits():
     f = jax.grad(lambda p: gpt2.GPT2(CFG, p, vocab_chunks=4).loss(x, y))
     shapes = set()
 
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            for v in eqn.outvars:
-                shapes.add(tuple(getattr(v.aval, "shape", ())))
-            for sub in jax.core.subjaxprs(eqn) if hasattr(jax.core, "subjaxprs") else []:
-                walk(sub)
-            for p in eqn.params.values():
-                for j in (p if isinstance(p, (list, tuple)) else [p]):
-                    if hasattr(j, "jaxpr"):
-                        walk(j.jaxpr if hasattr(j.jaxpr, "eqns") else j.jaxpr.jaxpr)
-                    elif hasattr(j, "eqns"):
-                        walk(j)
-
-    walk(jax.make_jaxpr(f)(params).jaxpr)
+    for eqn in all_eqns(jax.make_jaxpr(f)(params)):
+        shapes.update(tuple(getattr(v.aval, "shape", ())) for v in eqn.outvars)
     assert (B, T, CFG.vocab_size) not in shapes
     assert (B, T // 4, CFG.vocab_size) in shapes
 

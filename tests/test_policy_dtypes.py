@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax.extend import core as jcore
+from jaxpr_walk import all_eqns
 
 from jaxpar import precision
 from jaxpar.config import PRESETS
@@ -37,18 +38,8 @@ WATCHED = ("dot_general", "reduce_sum", "reduce_max", "reduce_min", "argmax", "e
 def eqns(mc, precision: str, key=None):
     """Every equation of the forward loss jaxpr, nested jaxprs (scan body, pjit, custom_jvp) included."""
 
-    def walk(jaxpr):
-        for e in jaxpr.eqns:
-            yield e
-            for v in e.params.values():
-                for j in v if isinstance(v, (list, tuple)) else [v]:
-                    if isinstance(j, jcore.ClosedJaxpr):
-                        yield from walk(j.jaxpr)
-                    elif isinstance(j, jcore.Jaxpr):
-                        yield from walk(j)
-
     tok = jax.ShapeDtypeStruct((B, T), jnp.int32)
-    yield from walk(jax.make_jaxpr(lambda p, x, y: gpt2.GPT2(mc, p, policy=get_policy(precision)).loss(x, y, key))(
+    yield from all_eqns(jax.make_jaxpr(lambda p, x, y: gpt2.GPT2(mc, p, policy=get_policy(precision)).loss(x, y, key))(
         gpt2.abstract_params(mc), tok, tok).jaxpr)
 
 

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jaxpr_walk import dot_eqns
 
 from jaxpar.precision import _transpose_specs, get_policy, mixed_einsum
 
@@ -23,17 +24,6 @@ def _operands():
     return x, w, g
 
 
-def _dots(jaxpr):
-    """Every dot_general equation of a jaxpr, nested ones (custom_vjp, pjit) included."""
-    for e in jaxpr.eqns:
-        if e.primitive.name == "dot_general":
-            yield e
-        for p in e.params.values():
-            inner = getattr(p, "jaxpr", p)
-            if hasattr(inner, "eqns"):
-                yield from _dots(inner)
-
-
 def test_mixed_einsum_values_dtypes_and_dots(dot_form):
     x, w, g = _operands()
     y, vjp = jax.vjp(lambda a, b: mixed_einsum("btd,df->btf", a, b), x, w)
@@ -51,7 +41,7 @@ def test_mixed_einsum_values_dtypes_and_dots(dot_form):
     # every dot of forward + backward is bf16 x bf16 -> fp32 (the fast form on XLA:CPU with native bf16),
     # or fp32 x fp32 -> fp32 of the same bf16 values (AVX2-only hosts: jaxpar.precision.fp32_kernel_bf16_dots)
     jaxpr = jax.make_jaxpr(jax.grad(lambda a, b: mixed_einsum("btd,df->btf", a, b).sum(), (0, 1)))(x, w)
-    dots = list(_dots(jaxpr.jaxpr))
+    dots = list(dot_eqns(jaxpr))
     assert len(dots) == 3
     for e in dots:
         want = {"bf16": jnp.bfloat16, "f32": jnp.float32}[dot_form]
