@@ -16,15 +16,18 @@ rules leave alone or split evenly, so the logical-axis annotations still hold.
   split over `tensor` in contiguous blocks splits every chunk evenly too); each chunk
   computes gelu(x·W_fc[:, c] + b_fc[c])·W_proj[c] and the scan sums them. The body is
   checkpointed, so the (B, T, 4D) hidden activations and GELU pieces are never saved: backward
-  recomputes them chunk by chunk (one extra c_fc matmul, 8·B·T·D² FLOPs). x enters the scan as
-  fp32 (exact: it holds compute-dtype values), so backward sums the k chunks' input gradients in
-  fp32 and rounds the total once, as the unchunked MLP does; a bf16 x would have them summed in
-  bf16, an error growing with k (2L/64, worst gradient l2 vs unchunked bf16: 6.4e-3 at k=2, 7.7e-3
-  at 4, 9.9e-3 at 32; summed in fp32 1.4e-3 at every k on a Zen 4 host, <= 2.8e-3 on emulated AVX2; tests/test_ops.py). Its price under bf16:
-  x's saved copy is fp32 (compiled temp memory, 4L/256 T256 B8, k=4: 121.0 -> 129.0 MiB).
+  recomputes them chunk by chunk (one extra c_fc matmul, 8·B·T·D² FLOPs). In bf16 a hand-written
+  backward (`_chunk_scan_fp32_dx`) sums the k chunks' input gradients in fp32 and rounds the total
+  once, as the unchunked MLP does; autodiff of the scan summed them in bf16, an error growing with k
+  (2L/64, worst gradient l2 vs unchunked bf16: 6.4e-3 at k=2, 7.7e-3 at 4, 9.9e-3 at 32; now 1.4e-3
+  at every k on a Zen 4 host, <= 2.8e-3 on emulated AVX2; tests/test_ops.py). It saves what autodiff
+  saved (x in bf16, the re-laid weights). Compiled temp memory, bf16 4L/256 T256 B8 k=4 (XLA:CPU):
+  rolled layers (14) 361.6 -> 359.6 MiB; unrolled (4) 121.0 -> 127.9, the fp32 gradient carry.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -81,16 +84,59 @@ def chunked_mlp(x, w_fc, b_fc, w_proj, b_proj, chunks: int, policy=FP32):
     bf = b_fc.reshape(F // chunks, chunks).T  # (k, F/k)
     wp = jnp.moveaxis(w_proj.reshape(F // chunks, chunks, D), 1, 0)  # (k, F/k, D)
 
+    if x.dtype == jnp.float32:  # the scan's autodiff sums the chunks' input gradients in fp32 already
+        y = _chunk_scan(policy, x, wf, bf, wp)
+    else:
+        y = _chunk_scan_fp32_dx(policy, x, wf, bf, wp)
+    return add_bias(y.astype(x.dtype), b_proj)
+
+
+def _chunk(policy, x, wf_c, bf_c, wp_c):
+    """One chunk's gelu(x·wf_c + bf_c)·wp_c: x (B, T, D), wf_c (D, F/k), bf_c (F/k,), wp_c (F/k, D) -> fp32 (B, T, D)."""
+    h = policy.linear("btd,df->btf", x, wf_c, bf_c)
+    h = constrain(gelu_tanh(h), ("batch", "seq", "mlp"))
+    return policy.einsum("btf,fd->btd", h, wp_c, a_elementwise=True)
+
+
+def _chunk_scan(policy, x, wf, bf, wp):
+    """Sum over chunks of `_chunk`: (B, T, D) fp32. The body is checkpointed: backward recomputes each
+    chunk's hidden values instead of saving them."""
+
     @jax.checkpoint
     def body(acc, w):
-        wf_c, bf_c, wp_c = w
-        h = policy.linear("btd,df->btf", xf, wf_c, bf_c)
-        h = constrain(gelu_tanh(h), ("batch", "seq", "mlp"))
-        return acc + policy.einsum("btf,fd->btd", h, wp_c, a_elementwise=True), None  # fp32 partial sum
+        return acc + _chunk(policy, x, *w), None
 
     # zeros_like, not zeros: inside the pipeline's shard_map x varies over the manual axes and the
     # scan carry must have the same varying-axes type as the body's output (acc + h·W varies as x).
-    acc0 = jnp.zeros_like(x, jnp.float32)
-    xf = x.astype(jnp.float32)  # (B, T, D): its cotangent, the k chunks' sum, in fp32 (module docstring)
-    y, _ = jax.lax.scan(body, acc0, (wf, bf, wp))
-    return add_bias(y.astype(x.dtype), b_proj)
+    y, _ = jax.lax.scan(body, jnp.zeros_like(x, jnp.float32), (wf, bf, wp))
+    return y
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _chunk_scan_fp32_dx(policy, x, wf, bf, wp):
+    """`_chunk_scan` for a compute-dtype (bf16) x, with a backward that sums the chunks' input
+    gradients in fp32 and rounds the total once, as the unchunked MLP's one matmul does. Autodiff of
+    the scan would sum them in x's dtype (bf16): an error growing with k (module docstring). The
+    residuals are what autodiff saves (x in its own dtype and the re-laid weights): x is upcast in
+    backward only, a transient (B, T, D) fp32 value."""
+    return _chunk_scan(policy, x, wf, bf, wp)
+
+
+def _chunk_scan_fwd(policy, x, wf, bf, wp):
+    return _chunk_scan(policy, x, wf, bf, wp), (x, wf, bf, wp)
+
+
+def _chunk_scan_bwd(policy, res, g):
+    x, wf, bf, wp = res
+    xf = x.astype(jnp.float32)  # exact; the dots round it back to the policy's operand dtype
+
+    def body(dx, w):  # recompute chunk c and pull g back through it: dx (B, T, D) fp32 running sum
+        _, pull = jax.vjp(functools.partial(_chunk, policy), xf, *w)
+        dx_c, *dw = pull(g)
+        return dx + dx_c, tuple(dw)
+
+    dx, dw = jax.lax.scan(body, jnp.zeros_like(xf), (wf, bf, wp))
+    return (dx.astype(x.dtype), *dw)
+
+
+_chunk_scan_fp32_dx.defvjp(_chunk_scan_fwd, _chunk_scan_bwd)

@@ -64,7 +64,7 @@ def test_layer_activations_formula():
     assert layer_activation_bytes(fp32, b, 1, "none", 1)[0] == 64 * sbh + 16 * T * b + 4 * N * T * T * b
 
 
-def _scan_residuals(capsys, mc, policy, remat, b, t):
+def _scan_residuals(capsys, mc, policy, remat, b, t, mlp_chunks=1):
     """(activation bytes, weight-cast bytes) per layer of what the real model's layer scan saves:
     the (L, ...) 'output of scan' residuals of jax.ad_checkpoint.print_saved_residuals."""
     import math
@@ -79,7 +79,8 @@ def _scan_residuals(capsys, mc, policy, remat, b, t):
     params = jax.tree.map(jnp.asarray, gpt2.init_params(mc, 0))
     tok = jnp.zeros((b, t + 1), jnp.int32)
     print_saved_residuals(
-        lambda p: gpt2.GPT2(mc, p, policy=policy, remat=remat).loss(tok[:, :-1], tok[:, 1:]), params)
+        lambda p: gpt2.GPT2(mc, p, policy=policy, remat=remat, mlp_chunks=mlp_chunks).loss(tok[:, :-1],
+                                                                                         tok[:, 1:]), params)
     size = {"f32": 4, "bf16": 2}
     acts = weights = 0
     for line in capsys.readouterr().out.splitlines():
@@ -119,6 +120,25 @@ def test_layer_activations_match_the_census(capsys, monkeypatch, gpu, precision,
     assert acts == saved, (acts, saved)
     cast = gpu and precision == "bf16" and remat != "full"
     assert weights == (12 * D * D * w.cb if cast else 0)
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu-einsum"])
+@pytest.mark.parametrize("precision,remat", [("bf16", "none"), ("bf16", "selective"), ("fp32", "none")])
+def test_chunked_mlp_activations_match_the_census(capsys, monkeypatch, gpu, precision, remat):
+    """mlp_chunks > 1: the layer keeps no MLP units; in bf16 the chunk loop's hand-written backward
+    (jaxpar.ops._chunk_scan_fp32_dx, fp32 input-gradient sum) saves x in bf16 as autodiff did."""
+    if gpu:
+        from jaxpar import precision as prec
+
+        monkeypatch.setattr(prec, "_fp32_out_dots", lambda: False)
+    L, B, D, N, T = 2, 3, 16, 2, 8
+    mc = ModelConfig(n_layer=L, n_embd=D, n_head=N, vocab_size=64, n_positions=16)
+    w = Workload(mc, B, T, precision)
+    acts, _ = _scan_residuals(capsys, mc, precision, remat, B, T, mlp_chunks=2)
+    saved, _ = layer_activation_bytes(w, B, 1, remat, 2, w.cb, probs_copy=gpu and w.cb < 4)
+    assert acts == saved, (acts, saved)
+    plain, _ = layer_activation_bytes(w, B, 1, remat, 1, w.cb, probs_copy=gpu and w.cb < 4)
+    assert plain - saved == T * B * 4 * D * 2 * w.cb  # the (b, T, 4D) c_fc and GELU outputs
 
 
 def test_flops_per_token_palm_formula():

@@ -182,8 +182,8 @@ MUTANTS: list[Mutant] = [
            "chunked MLP forgets the c_proj bias",
            (T + "test_ops.py",)),
     Mutant("chunked_mlp_dx_summed_in_bf16", "ops", "jaxpar/ops.py",
-           'h = policy.linear("btd,df->btf", xf, wf_c, bf_c)',
-           'h = policy.linear("btd,df->btf", x, wf_c, bf_c)',
+           "    if x.dtype == jnp.float32:  # the scan's autodiff",
+           "    if True:  # the scan's autodiff",
            "bf16 chunked MLP sums its chunks' input gradients in bf16 (error grows with mlp_chunks: 9.9e-3 at 32)",
            (T + "test_ops.py::test_bf16_chunked_mlp_equals_bf16_plain",)),
     # ------------------------------------------------------------- sharding
