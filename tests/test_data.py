@@ -67,6 +67,21 @@ def test_folder_input_reads_txt_and_md(tmp_path):
     assert data.read_text(str(tmp_path)) == "aaa\n\nbbb"
 
 
+def test_folder_input_reads_the_files_of_its_subfolders(tmp_path):
+    """`read_input` reads every .txt/.md file *under* the folder, sorted by path. Reference: the files."""
+    (tmp_path / "b.md").write_text("bbb")
+    (tmp_path / "a.txt").write_text("aaa")
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "sub" / "deeper" / "c.txt").write_text("ccc")
+    (tmp_path / "sub" / "skip.json").write_text("{}")
+    assert data.read_text(str(tmp_path)) == "aaa\n\nbbb\n\nccc"
+
+
+def test_byte_decode_drops_ids_past_the_byte_range():
+    """A model with vocab_size > 256 on byte data can sample ids >= 256: they decode to nothing."""
+    assert data.Tokenizer("byte").decode([72, 105, 256, 300, 33]) == "Hi!"
+
+
 def test_a_split_of_exactly_seq_len_plus_one_tokens_gives_its_one_window(tmp_path):
     """`prepare` and `Dataset.open` accept a split of seq_len+1 tokens (their error texts say
     "fewer than train.seq_len+1"); its one window starts at 0. Reference: the split itself.

@@ -71,3 +71,19 @@ def test_config_special_tokens_and_n_inner(tmp_path):
         with pytest.raises(ConfigError) as e:
             hf.load_hf(str(tmp_path))
         assert str(e.value) == f"{str(tmp_path)!r}: only GPT-2 with gelu_new and n_inner=4*n_embd is supported"
+
+
+def test_only_the_tanh_gelu_is_imported(tmp_path):
+    """HF's "gelu" is the exact erf GELU, jaxpar and torchref run "gelu_new" (tanh): an HF dir with
+    any other activation is refused, one without the field gets GPT2Config's default gelu_new."""
+    hf.save_hf(str(tmp_path), MC, init_params(MC, seed=3))
+    written = json.loads((tmp_path / "config.json").read_text())
+    for act in ("gelu", "relu", None):
+        c = {k: v for k, v in written.items() if k != "activation_function"}
+        (tmp_path / "config.json").write_text(json.dumps(c if act is None else {**c, "activation_function": act}))
+        if act is None:
+            assert hf.load_hf(str(tmp_path))[0] == MC
+            continue
+        with pytest.raises(ConfigError) as e:
+            hf.model_config_from_hf(str(tmp_path))
+        assert str(e.value) == f"{str(tmp_path)!r}: only GPT-2 with gelu_new and n_inner=4*n_embd is supported"
