@@ -322,3 +322,47 @@ def test_unwritable_out_is_one_error_line_and_writes_nothing(capsys, tmp_path):
     assert main(BASE + [f"out={out}"]) == 2
     assert capsys.readouterr() == ("", f"error: out={str(out)!r} cannot be written (Not a directory: {str(blocker / 'sub')!r})\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"] and blocker.read_text() == "x"
+
+
+def test_a_plan_replicating_every_group_runs_on_all_its_devices(tmp_path):
+    """fsdp with every group replicated is plain data parallelism: fsdp folds into data (2 × 4 -> 8),
+    the train mesh still spans the 8 devices the plan was made for."""
+    plan = _small_plan(tmp_path)
+    plan.data.update({"mesh": {"data": 2, "fsdp": 4, "tensor": 1, "pipe": 1}, "microbatches": 1,
+                      "osdp": {g: "replicated" for g in ("embed", "attn", "mlp")}})
+    ov = plan_to_overrides(plan, 8)
+    assert {k: ov[k] for k in ("mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.pipe", "sharding.replicate")} == \
+        {"mesh.data": "8", "mesh.fsdp": "1", "mesh.tensor": "1", "mesh.pipe": "1", "sharding.replicate": ""}
+
+
+def test_a_plan_for_another_vocab_is_refused(tmp_path):
+    """The vocab sizes the head (its memory and FLOPs): a plan made for another one does not apply."""
+    plan = _small_plan(tmp_path)
+    cfg = validate(apply_overrides(Config(), {"model": "gpt2-tiny", "train.batch_size": "16", "train.seq_len": "64",
+                                              "precision": "fp32"}))
+    assert plan_to_overrides(plan, 8, cfg)["mesh.data"]  # the plan's own config applies
+    with pytest.raises(ConfigError) as e:
+        plan_to_overrides(plan, 8, apply_overrides(cfg, {"model.vocab_size": "512"}))
+    assert str(e.value) == "plan was made for model.vocab_size=256 (config has 512)"
+
+
+def test_plan_cli_searches_1f1b_only_without_dropout():
+    """As plan=auto: jaxpar train refuses pipeline.schedule=1f1b with model.dropout > 0."""
+    from jaxpar.planner.cli import parse_args
+
+    assert parse_args(["model=gpt2-tiny"])["space"].one_f_one_b is True
+    assert parse_args(["model=gpt2-tiny", "model.dropout=0.1"])["space"].one_f_one_b is False
+
+
+def test_plan_cli_attention_flash_is_planned_with_flash(tmp_path, capsys):
+    """attention=flash reaches the cost model (no T×T scores kept) and the plan file."""
+    fixed = ["model=gpt2-tiny", "devices=8", "device=h100", "train.batch_size=16", "train.seq_len=256",
+             "mesh.data=8", "mesh.fsdp=1", "mesh.tensor=1", "mesh.pipe=1", "train.remat=none",
+             "train.vocab_chunks=1", "train.mlp_chunks=1", "--json"]
+    objs = {}
+    for att in ("naive", "flash"):
+        assert main(fixed + [f"attention={att}", f"out={tmp_path}/{att}.json"]) == 0
+        objs[att] = json.loads(capsys.readouterr().out)
+    assert (objs["naive"]["attention"], objs["flash"]["attention"]) == ("naive", "flash")
+    act = {a: o["memory_breakdown_bytes"]["activations"] for a, o in objs.items()}
+    assert act["flash"] < act["naive"]
