@@ -47,6 +47,13 @@ def test_human_table(tmp_path, capsys):
     (["devices=0"], "error: devices=0 must be >= 1"),
     (["device=tpu"], "error: device='tpu' is not known (choose from cpu, a100-40g, a100-80g, h100, h200)"),
     (["memory_limit=big"], "error: memory_limit='big' is not a size (e.g. 16GB, 40GiB, 1.6e10)"),
+    # float() reads these; inf was an OverflowError traceback, nan "no plan fits memory_limit=nan GiB" (hT2)
+    (["memory_limit=inf"], "error: memory_limit='inf' is not a size (e.g. 16GB, 40GiB, 1.6e10)"),
+    (["memory_limit=nanGB"], "error: memory_limit='nanGB' is not a size (e.g. 16GB, 40GiB, 1.6e10)"),
+    (["device.memory=1e400"], "error: device.memory='1e400' is not a size (e.g. 16GB, 40GiB, 1.6e10)"),
+    (["device.memory=-5GB"], "error: device.memory='-5GB' must be positive"),  # was "is not a number"
+    (["device.peak_flops=nan"], "error: device.peak_flops='nan' is not a finite number"),  # was a plan of nan s, exit 0
+    (["device.bandwidth=inf"], "error: device.bandwidth='inf' is not a finite number"),
     (["--fast"], "error: unknown flag '--fast' (valid: --json)"),
     (["model=gpt5"], ("error: model='gpt5' is not a preset (choose from gpt2-tiny, gpt2, gpt2-medium, gpt2-large, "
                       "gpt2-xl)")),
