@@ -119,3 +119,15 @@ def test_eval_windows_when_the_length_is_a_multiple_of_seq_len():
     would need token 25). Reference: hand count."""
     x, y = data.eval_windows(np.arange(25, dtype=np.uint16), 5)
     assert x.shape == (4, 5) and y[-1].tolist() == [16, 17, 18, 19, 20]
+
+
+def test_a_meta_json_whose_vocab_size_is_not_an_integer_is_corrupt(tmp_path):
+    """meta.json is written by `prepare` with an integer vocab_size; a hand-edited "300" (or a JSON
+    list) is the one-line corrupt error, not a TypeError traceback at the vocab comparison."""
+    meta = data.prepare(TEXT, tmp_path, "byte")
+    assert data.read_meta(str(tmp_path), 256) == meta
+    for doc in ({**meta, "vocab_size": "300"}, {**meta, "vocab_size": 256.0}, [meta]):
+        (tmp_path / "meta.json").write_text(json.dumps(doc))
+        with pytest.raises(ConfigError) as e:
+            data.read_meta(str(tmp_path), 256)
+        assert str(e.value) == f"data={str(tmp_path)!r}: meta.json is missing or corrupt"
