@@ -165,7 +165,8 @@ def read_meta(path: str, model_vocab: int | None = None) -> dict:
     """meta.json of a prepared dir; with `model_vocab`, also check the tokens fit the model."""
     try:
         meta = json.loads(Path(path, "meta.json").read_text())
-        int(meta["vocab_size"])
+        if type(meta["vocab_size"]) is not int:  # "300" passed int() and then failed `>` with a TypeError traceback
+            raise ValueError
     except (OSError, ValueError, KeyError, TypeError):
         raise ConfigError(f"data={path!r}: meta.json is missing or corrupt") from None
     if model_vocab is not None and meta["vocab_size"] > model_vocab:

@@ -50,8 +50,13 @@ def model_config_from_hf(path: str) -> ModelConfig:
         raise ConfigError(f"{path!r} is not an HF save_pretrained dir (no config.json)") from None
     except json.JSONDecodeError:
         raise ConfigError(f"{path!r}: config.json is corrupt") from None
+    if not isinstance(c, dict):  # valid JSON but not an object: c.get was an AttributeError traceback
+        raise ConfigError(f"{path!r}: config.json is corrupt")
     if c.get("model_type") != "gpt2":
         raise ConfigError(f"{path!r}: model_type={c.get('model_type')!r}, expected 'gpt2'")
+    for k in ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions"):
+        if type(c.get(k)) is not int or c[k] <= 0:  # a missing field was a KeyError traceback
+            raise ConfigError(f"{path!r}: config.json has no positive integer {k} (got {c.get(k)!r})")
     if c.get("activation_function", "gelu_new") != "gelu_new" or c.get("n_inner") not in (None, 4 * c["n_embd"]):
         raise ConfigError(f"{path!r}: only GPT-2 with gelu_new and n_inner=4*n_embd is supported")
     # The HF dir's resid/embd/attn_pdrop (0.1 in OpenAI's GPT-2) is not inherited: dropout is a training

@@ -67,6 +67,21 @@ def test_folder_input_reads_txt_and_md(tmp_path):
     assert data.read_text(str(tmp_path)) == "aaa\n\nbbb"
 
 
+def test_folder_input_reads_the_files_of_its_subfolders(tmp_path):
+    """`read_input` reads every .txt/.md file *under* the folder, sorted by path. Reference: the files."""
+    (tmp_path / "b.md").write_text("bbb")
+    (tmp_path / "a.txt").write_text("aaa")
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "sub" / "deeper" / "c.txt").write_text("ccc")
+    (tmp_path / "sub" / "skip.json").write_text("{}")
+    assert data.read_text(str(tmp_path)) == "aaa\n\nbbb\n\nccc"
+
+
+def test_byte_decode_drops_ids_past_the_byte_range():
+    """A model with vocab_size > 256 on byte data can sample ids >= 256: they decode to nothing."""
+    assert data.Tokenizer("byte").decode([72, 105, 256, 300, 33]) == "Hi!"
+
+
 def test_a_split_of_exactly_seq_len_plus_one_tokens_gives_its_one_window(tmp_path):
     """`prepare` and `Dataset.open` accept a split of seq_len+1 tokens (their error texts say
     "fewer than train.seq_len+1"); its one window starts at 0. Reference: the split itself.
@@ -104,3 +119,15 @@ def test_eval_windows_when_the_length_is_a_multiple_of_seq_len():
     would need token 25). Reference: hand count."""
     x, y = data.eval_windows(np.arange(25, dtype=np.uint16), 5)
     assert x.shape == (4, 5) and y[-1].tolist() == [16, 17, 18, 19, 20]
+
+
+def test_a_meta_json_whose_vocab_size_is_not_an_integer_is_corrupt(tmp_path):
+    """meta.json is written by `prepare` with an integer vocab_size; a hand-edited "300" (or a JSON
+    list) is the one-line corrupt error, not a TypeError traceback at the vocab comparison."""
+    meta = data.prepare(TEXT, tmp_path, "byte")
+    assert data.read_meta(str(tmp_path), 256) == meta
+    for doc in ({**meta, "vocab_size": "300"}, {**meta, "vocab_size": 256.0}, [meta]):
+        (tmp_path / "meta.json").write_text(json.dumps(doc))
+        with pytest.raises(ConfigError) as e:
+            data.read_meta(str(tmp_path), 256)
+        assert str(e.value) == f"data={str(tmp_path)!r}: meta.json is missing or corrupt"

@@ -53,3 +53,78 @@ def test_a_run_over_an_unfinished_runs_leftovers_starts_clean(tmp_path):
                             "train.seq_len=16", f"data={tmp_path / 'text.txt'}", f"out={out}", "strategy=single"])
     prepare(cfg, ref)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "data", "init", "job.json"]
+
+
+# --- how a dead rank is reported (hT2): the zygote's exit status, its root cause, the launcher's line.
+# In-process: real child processes for the wait statuses, a stand-in zygote reply for the launcher.
+
+
+def test_wait_status_of_a_signal_is_negative_and_of_an_exit_its_code():
+    """torchref.zygote._code: -N for a process killed by signal N (the OOM killer's SIGKILL), the
+    exit code otherwise. Reference: the signal sent and the code `sh` exits with."""
+    import os
+    import signal
+    import subprocess
+
+    from torchref.zygote import _code
+
+    p = subprocess.Popen(["sleep", "30"])
+    os.kill(p.pid, signal.SIGKILL)
+    _, killed = os.waitpid(p.pid, 0)
+    q = subprocess.Popen(["sh", "-c", "exit 17"])
+    _, exited = os.waitpid(q.pid, 0)
+    assert (_code(killed), _code(exited)) == (-9, 17)
+
+
+def test_the_root_cause_is_a_rank_that_did_not_exit_1():
+    """Ranks that lose a peer in a collective exit 1 (an exception): among deaths seen together the
+    report names one that exited otherwise (a signal, its own code), else the lowest rank."""
+    from torchref.zygote import _root_cause
+
+    assert _root_cause({0: 1, 1: 17}, window_s=0) == {"status": "died", "rank": 1, "code": 17}
+    assert _root_cause({0: 1, 2: -9, 1: 1}, window_s=0) == {"status": "died", "rank": 2, "code": -9}
+    assert _root_cause({2: 1, 1: 1}, window_s=0) == {"status": "died", "rank": 1, "code": 1}
+
+
+class _Zygote:
+    """Stands in for the warm fork server: takes the request, answers `reply`."""
+
+    def __init__(self, reply: str):
+        import io
+
+        self.stdin, self.replies = io.StringIO(), io.StringIO(reply + "\n")
+
+
+def _run_forked_with(monkeypatch, tmp_path, reply: str):
+    import json
+    from types import SimpleNamespace
+
+    from torchref import launch
+
+    z = _Zygote(json.dumps(reply))
+    monkeypatch.setattr(launch, "_zygote", lambda: (z, z.replies))
+    job = SimpleNamespace(out=str(tmp_path), ref=SimpleNamespace(strategy="distributed-ps"))
+    launch.run_forked(job, 2)
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_that_signal(monkeypatch, tmp_path):
+    from torchref.config import WorkerDied
+
+    with pytest.raises(WorkerDied) as e:
+        _run_forked_with(monkeypatch, tmp_path, {"status": "died", "rank": 1, "code": -9})
+    assert str(e.value) == (f"strategy=distributed-ps: process rank 1 of 2 died (signal 9); stopped the other 1 "
+                            f"(logs in {tmp_path}/logs)")
+
+
+def test_a_storage_failure_on_the_last_rank_is_reported_as_one(monkeypatch, tmp_path):
+    """The launcher looks for the storage line in every rank's log, the last one included."""
+    from gpt2common.writes import WriteFailed
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rank0.log").write_text("Traceback ...\nRuntimeError: peer gone\n")
+    (tmp_path / "logs" / "rank1.log").write_text("Traceback ...\nstorage failure: step 3: cannot write /x: "
+                                                 "No space left on device (errno 28)\n")
+    with pytest.raises(WriteFailed) as e:
+        _run_forked_with(monkeypatch, tmp_path, {"status": "died", "rank": 0, "code": 1})
+    assert str(e.value) == ("strategy=distributed-ps: rank 1: step 3: cannot write /x: No space left on device "
+                            f"(errno 28); stopped the other 1 (logs in {tmp_path}/logs)")

@@ -71,3 +71,36 @@ def test_config_special_tokens_and_n_inner(tmp_path):
         with pytest.raises(ConfigError) as e:
             hf.load_hf(str(tmp_path))
         assert str(e.value) == f"{str(tmp_path)!r}: only GPT-2 with gelu_new and n_inner=4*n_embd is supported"
+
+
+def test_only_the_tanh_gelu_is_imported(tmp_path):
+    """HF's "gelu" is the exact erf GELU, jaxpar and torchref run "gelu_new" (tanh): an HF dir with
+    any other activation is refused, one without the field gets GPT2Config's default gelu_new."""
+    hf.save_hf(str(tmp_path), MC, init_params(MC, seed=3))
+    written = json.loads((tmp_path / "config.json").read_text())
+    for act in ("gelu", "relu", None):
+        c = {k: v for k, v in written.items() if k != "activation_function"}
+        (tmp_path / "config.json").write_text(json.dumps(c if act is None else {**c, "activation_function": act}))
+        if act is None:
+            assert hf.load_hf(str(tmp_path))[0] == MC
+            continue
+        with pytest.raises(ConfigError) as e:
+            hf.model_config_from_hf(str(tmp_path))
+        assert str(e.value) == f"{str(tmp_path)!r}: only GPT-2 with gelu_new and n_inner=4*n_embd is supported"
+
+
+def test_a_config_without_the_shape_fields_is_one_error(tmp_path):
+    """A config.json that is not an object, or lacks (or misspells the type of) a shape field, is a
+    ConfigError naming it (the CLIs' one `error:` line), not a KeyError / AttributeError traceback."""
+    hf.save_hf(str(tmp_path), MC, init_params(MC, seed=3))
+    written = json.loads((tmp_path / "config.json").read_text())
+    cases = [([1, 2], "config.json is corrupt"),
+             ({k: v for k, v in written.items() if k != "n_layer"}, "config.json has no positive integer n_layer (got None)"),
+             ({**written, "n_head": "2"}, "config.json has no positive integer n_head (got '2')"),
+             ({**written, "n_positions": 0}, "config.json has no positive integer n_positions (got 0)"),
+             ({**written, "vocab_size": True}, "config.json has no positive integer vocab_size (got True)")]
+    for doc, msg in cases:
+        (tmp_path / "config.json").write_text(json.dumps(doc))
+        with pytest.raises(ConfigError) as e:
+            hf.load_hf(str(tmp_path))
+        assert str(e.value) == f"{str(tmp_path)!r}: {msg}"

@@ -47,6 +47,13 @@ def test_human_table(tmp_path, capsys):
     (["devices=0"], "error: devices=0 must be >= 1"),
     (["device=tpu"], "error: device='tpu' is not known (choose from cpu, a100-40g, a100-80g, h100, h200)"),
     (["memory_limit=big"], "error: memory_limit='big' is not a size (e.g. 16GB, 40GiB, 1.6e10)"),
+    # float() reads these; inf was an OverflowError traceback, nan "no plan fits memory_limit=nan GiB" (hT2)
+    (["memory_limit=inf"], "error: memory_limit='inf' is not a size (e.g. 16GB, 40GiB, 1.6e10)"),
+    (["memory_limit=nanGB"], "error: memory_limit='nanGB' is not a size (e.g. 16GB, 40GiB, 1.6e10)"),
+    (["device.memory=1e400"], "error: device.memory='1e400' is not a size (e.g. 16GB, 40GiB, 1.6e10)"),
+    (["device.memory=-5GB"], "error: device.memory='-5GB' must be positive"),  # was "is not a number"
+    (["device.peak_flops=nan"], "error: device.peak_flops='nan' is not a finite number"),  # was a plan of nan s, exit 0
+    (["device.bandwidth=inf"], "error: device.bandwidth='inf' is not a finite number"),
     (["--fast"], "error: unknown flag '--fast' (valid: --json)"),
     (["model=gpt5"], ("error: model='gpt5' is not a preset (choose from gpt2-tiny, gpt2, gpt2-medium, gpt2-large, "
                       "gpt2-xl)")),
@@ -143,6 +150,11 @@ def test_load_plan_errors(tmp_path):
     bad.write_text('{"devices": 8}')
     with pytest.raises(ConfigError, match=r"is not a jaxpar plan \(missing mesh, microbatches, repeats, remat, model\)$"):
         load_plan(str(bad))
+    for doc in ("5", '"devices mesh microbatches repeats remat model"', "[]"):  # JSON, but not an object
+        bad.write_text(doc)
+        with pytest.raises(ConfigError) as e:
+            load_plan(str(bad))
+        assert str(e.value) == f"plan={str(bad)!r} is not a jaxpar plan (missing devices, mesh, microbatches, repeats, remat, model)"
 
 
 def test_apply_plan_for_train(tmp_path, monkeypatch):
@@ -322,3 +334,47 @@ def test_unwritable_out_is_one_error_line_and_writes_nothing(capsys, tmp_path):
     assert main(BASE + [f"out={out}"]) == 2
     assert capsys.readouterr() == ("", f"error: out={str(out)!r} cannot be written (Not a directory: {str(blocker / 'sub')!r})\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"] and blocker.read_text() == "x"
+
+
+def test_a_plan_replicating_every_group_runs_on_all_its_devices(tmp_path):
+    """fsdp with every group replicated is plain data parallelism: fsdp folds into data (2 × 4 -> 8),
+    the train mesh still spans the 8 devices the plan was made for."""
+    plan = _small_plan(tmp_path)
+    plan.data.update({"mesh": {"data": 2, "fsdp": 4, "tensor": 1, "pipe": 1}, "microbatches": 1,
+                      "osdp": {g: "replicated" for g in ("embed", "attn", "mlp")}})
+    ov = plan_to_overrides(plan, 8)
+    assert {k: ov[k] for k in ("mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.pipe", "sharding.replicate")} == \
+        {"mesh.data": "8", "mesh.fsdp": "1", "mesh.tensor": "1", "mesh.pipe": "1", "sharding.replicate": ""}
+
+
+def test_a_plan_for_another_vocab_is_refused(tmp_path):
+    """The vocab sizes the head (its memory and FLOPs): a plan made for another one does not apply."""
+    plan = _small_plan(tmp_path)
+    cfg = validate(apply_overrides(Config(), {"model": "gpt2-tiny", "train.batch_size": "16", "train.seq_len": "64",
+                                              "precision": "fp32"}))
+    assert plan_to_overrides(plan, 8, cfg)["mesh.data"]  # the plan's own config applies
+    with pytest.raises(ConfigError) as e:
+        plan_to_overrides(plan, 8, apply_overrides(cfg, {"model.vocab_size": "512"}))
+    assert str(e.value) == "plan was made for model.vocab_size=256 (config has 512)"
+
+
+def test_plan_cli_searches_1f1b_only_without_dropout():
+    """As plan=auto: jaxpar train refuses pipeline.schedule=1f1b with model.dropout > 0."""
+    from jaxpar.planner.cli import parse_args
+
+    assert parse_args(["model=gpt2-tiny"])["space"].one_f_one_b is True
+    assert parse_args(["model=gpt2-tiny", "model.dropout=0.1"])["space"].one_f_one_b is False
+
+
+def test_plan_cli_attention_flash_is_planned_with_flash(tmp_path, capsys):
+    """attention=flash reaches the cost model (no T×T scores kept) and the plan file."""
+    fixed = ["model=gpt2-tiny", "devices=8", "device=h100", "train.batch_size=16", "train.seq_len=256",
+             "mesh.data=8", "mesh.fsdp=1", "mesh.tensor=1", "mesh.pipe=1", "train.remat=none",
+             "train.vocab_chunks=1", "train.mlp_chunks=1", "--json"]
+    objs = {}
+    for att in ("naive", "flash"):
+        assert main(fixed + [f"attention={att}", f"out={tmp_path}/{att}.json"]) == 0
+        objs[att] = json.loads(capsys.readouterr().out)
+    assert (objs["naive"]["attention"], objs["flash"]["attention"]) == ("naive", "flash")
+    act = {a: o["memory_breakdown_bytes"]["activations"] for a, o in objs.items()}
+    assert act["flash"] < act["naive"]

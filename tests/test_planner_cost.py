@@ -223,6 +223,8 @@ def test_device_table_and_overrides():
         get_device("h100", {"speed": "1"})
     with pytest.raises(ConfigError, match=r"^device.efficiency='2' must be in \[0, 1\]$"):
         get_device("h100", {"efficiency": "2"})
+    with pytest.raises(ConfigError, match=r"^device.overlap='2' must be in \[0, 1\]$"):  # hidden > the collective
+        get_device("h100", {"overlap": "2"})
 
 
 def test_tensor_parallel_divides_layer_state_and_adds_allreduces():

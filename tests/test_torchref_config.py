@@ -36,6 +36,8 @@ def cli(*args, env=None):
     (["strategy=horovod", "workers=4", "train.grad_accum=2", "train.batch_size=12"],
      "train.batch_size=12 is not divisible by workers×train.grad_accum=4×2"),
     (["mesh.tensor=2"], "mesh.tensor=2 is not supported by torchref (torchref is data-parallel only; use workers=N)"),
+    (["timeout_s=0"], "timeout_s=0.0 must be positive"),  # a 0 s collective timeout fails every collective
+    (["strategy=single-ps", "workers=2", "ps.async=true", "ps.max_staleness=-1"], "ps.max_staleness=-1 must be >= 0"),
 ])
 def test_config_errors_exact_text(args, msg):
     with pytest.raises(ConfigError) as e:
@@ -176,3 +178,31 @@ def test_accumulate_returns_the_mean_loss_and_the_mean_gradient():
     want.backward()
     assert got == pytest.approx(float(want.detach()), rel=1e-6)
     assert float((g - emb.weight.grad).abs().max()) <= 1e-6 * float(emb.weight.grad.abs().max())
+
+
+def test_zero_staleness_and_small_timeouts_are_valid():
+    """ps.max_staleness=0 (apply only gradients of the newest weights) and a short positive timeout pass."""
+    _, ref = resolve_ref(TINY + ["strategy=single-ps", "workers=2", "ps.async=true", "ps.max_staleness=0",
+                                 "timeout_s=0.5"])
+    assert (ref.ps.max_staleness, ref.timeout_s) == (0, 0.5)
+
+
+def test_metrics_rows_count_tokens_and_progress_shows_the_last_step(tmp_path, capsys):
+    """torchref.runtime.Metrics: tokens/s = batch_size * seq_len / step time; a progress line every
+    train.log_every steps and at the last step. Reference: numbers written down here (B=4, T=16,
+    0.5 s a step -> 128 tokens/s; 5 steps, log_every=3 -> steps 3 and 5)."""
+    import json
+    from types import SimpleNamespace
+
+    from torchref.runtime import Metrics
+
+    ctx = SimpleNamespace(job=SimpleNamespace(out=str(tmp_path)),
+                          t=SimpleNamespace(batch_size=4, seq_len=16, log_every=3, steps=5))
+    m = Metrics(ctx, strategy="single")
+    for step in range(1, 6):
+        m.log(step, 2.0, 0.5, lr=1e-3)
+    m.close()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["tokens_per_s"], r["strategy"]) for r in rows] == [(s, 128.0, "single") for s in range(1, 6)]
+    assert capsys.readouterr().out == ("step 3/5  loss 2.0000  128 tok/s  500 ms\n"
+                                       "step 5/5  loss 2.0000  128 tok/s  500 ms\n")

@@ -21,6 +21,7 @@ H100 SXM 3.35 TB/s, H200 4.8 TB/s.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from jaxpar.config import ConfigError
@@ -103,6 +104,8 @@ def parse_bytes(raw: str | float, key: str = "memory_limit") -> float:
         if unit not in _UNITS:
             raise ValueError
         v = float(num) * _UNITS[unit]
+        if not math.isfinite(v):  # float() reads 'inf' and 'nan' (and 1e400 overflows): no size is either
+            raise ValueError
     except ValueError:
         raise ConfigError(f"{key}={raw!r} is not a size (e.g. 16GB, 40GiB, 1.6e10)") from None
     if v <= 0:
@@ -130,8 +133,12 @@ def get_device(kind: str, overrides: dict[str, str] | None = None) -> DeviceSpec
                 v = str(raw).lower() in ("1", "true", "yes")
             else:
                 v = float(raw)
+        except ConfigError:  # a ValueError too: parse_bytes' own line (not a size, must be positive) stands
+            raise
         except ValueError:
             raise ConfigError(f"device.{k}={raw!r} is not a number") from None
+        if not math.isfinite(v):  # 'nan', 'inf': every estimate would be nan or 0 s, not an error
+            raise ConfigError(f"device.{k}={raw!r} is not a finite number")
         if k in _ZERO_OK and v < 0:
             raise ConfigError(f"device.{k}={raw!r} must be >= 0 (0: not modelled)")
         if not isinstance(v, bool) and v <= 0 and k not in _ZERO_OK + ("overlap",):
