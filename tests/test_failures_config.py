@@ -194,10 +194,18 @@ def test_resume_with_a_missing_or_corrupt_config_json(tmp_path):
     with pytest.raises(ConfigError) as e:
         rundir.resolve_train({"out": str(tmp_path), "resume": "true"}, None)
     assert str(e.value) == f"resume=true but out={str(tmp_path)!r} has no config.json (not a jaxpar run dir)"
-    (tmp_path / "config.json").write_text('{"model": {"n_layer": "two"}}')
-    with pytest.raises(ConfigError) as e:
-        rundir.resolve_train({"out": str(tmp_path), "resume": "true"}, None)
-    assert str(e.value) == f"resume=true but {str(tmp_path / 'config.json')!r} is corrupt"
+    # a bad value, a key this Config does not have (a hand edit, another version's config.json), a
+    # section that is not an object, a file that is not an object: one line each, never a traceback
+    from jaxpar.commands import run_config
+
+    for text in ('{"model": {"n_layer": "two"}}', '{"train": {"bogus": 1}}', '{"mesh": 5}', "[]"):
+        (tmp_path / "config.json").write_text(text)
+        with pytest.raises(ConfigError) as e:
+            rundir.resolve_train({"out": str(tmp_path), "resume": "true"}, None)
+        assert str(e.value) == f"resume=true but {str(tmp_path / 'config.json')!r} is corrupt", text
+        with pytest.raises(ConfigError) as e:  # eval / sample / convert read it the same way
+            run_config(str(tmp_path))
+        assert str(e.value) == f"checkpoint={str(tmp_path)!r}: config.json is corrupt", text
 
 
 def test_truncate_drops_a_torn_last_line(tmp_path):
