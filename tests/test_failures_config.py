@@ -40,6 +40,30 @@ def test_config_flag_naming_a_directory_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err == f"error: config file {str(tmp_path)!r} is a directory\n"
 
 
+def test_config_flag_forms(tmp_path, capsys):
+    """`--config FILE` and `--config=FILE` (a path may hold '=': a sweep's run dirs do) are pulled
+    out of argv; `--config` with nothing after it is one error line, not a run on the defaults."""
+    assert cli.split_config_flag(["a=1", "--config", "x.yaml", "b=2"]) == ("x.yaml", ["a=1", "b=2"])
+    assert cli.split_config_flag(["--config=runs/lr=3e-4/c.yaml", "a=1"]) == ("runs/lr=3e-4/c.yaml", ["a=1"])
+    assert cli.main(["train", "train.steps=0", "--config"]) == 2  # (steps=0: a run never starts, even on a bug)
+    assert capsys.readouterr().err == "error: --config needs a file path\n"
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["eval", "checkpoint=a", "hf=b", "data=c"], "eval needs exactly one of checkpoint=<run dir> or hf=<dir>"),
+    (["eval", "data=c"], "eval needs exactly one of checkpoint=<run dir> or hf=<dir>"),
+    (["prepare", "input=corpus.txt"], "prepare needs out=<dir>"),
+    (["plot"], "plot takes run=<run dir> [out=<png>]"),
+    (["plot", "out=x.png"], "plot takes run=<run dir> [out=<png>]"),
+])
+def test_command_arguments_missing_or_conflicting_are_one_line(argv, line, tmp_path, monkeypatch, capsys):
+    """Checked before any file is read (none of these paths exists): exit 2, one line."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == f"error: {line}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_error_line_is_one_write(monkeypatch):
     """Two ranks sharing an unbuffered stderr joined their lines when print() wrote the
     text and the newline separately (issue 18's flaky launch test)."""
