@@ -44,7 +44,7 @@ MUTANTS: list[Mutant] = [
            "a checkpoint the disk refuses ends the run with orbax's traceback (exit 1), not one error line",
            (T + "test_failures_disk.py" + "::test_a_checkpoint_that_cannot_be_written_is_one_error_line_and_resume_goes_on",)),
     Mutant("ckpt_partial_step_left", "failures-disk", "jaxpar/checkpoint.py",
-           "                    shutil.rmtree(tmp, ignore_errors=True)", "                    pass",
+           "            shutil.rmtree(tmp, ignore_errors=True)", "            pass",
            "the failed step's partial files stay on the full disk",
            (T + "test_failures_disk.py" + "::test_a_checkpoint_that_cannot_be_written_is_one_error_line_and_resume_goes_on",)),
     Mutant("ckpt_write_logs_twice", "failures-disk", "jaxpar/checkpoint.py",
@@ -1385,6 +1385,11 @@ MUTANTS: list[Mutant] = [
            "a run's config.json with a key this Config lacks (a hand edit, another version) ends resume=true / "
            "eval / sample with a KeyError traceback (the bug hS2 found and fixed)",
            (T + "test_failures_config.py::test_resume_with_a_missing_or_corrupt_config_json",)),
+    Mutant("ckpt_partial_removed_once", "failures-disk", "jaxpar/checkpoint.py",
+           "PARTIAL_SETTLE_S = 1.0  #", "PARTIAL_SETTLE_S = 0.0  #",
+           "a failed checkpoint step's temporary dir is removed once: a tensorstore write still in flight "
+           "re-creates it on the full disk (the race hS2 found under load and fixed)",
+           (T + "test_failures_disk.py::test_a_failed_steps_partial_dir_stays_removed_when_a_late_write_recreates_it",)),
 ]
 
 
