@@ -229,12 +229,19 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 
 def from_dict(d: dict[str, Any]) -> Config:
-    """Inverse of to_dict (used to reload a run's saved config.json)."""
+    """Inverse of to_dict (used to reload a run's saved config.json). ConfigError (never a
+    KeyError / AttributeError traceback) for a file that is not this shape: a non-object, a
+    section that is not an object, or a section key this Config does not have (a hand edit, or
+    a config.json of another jaxpar version)."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"expected a JSON object, got {type(d).__name__}")
     kw: dict[str, Any] = {}
     top = field_types(Config)
     for k, v in d.items():
         if k in SECTIONS:
             types_ = field_types(SECTIONS[k])
+            if not isinstance(v, dict) or set(v) - set(types_):
+                raise ConfigError(f"{k}: expected an object with keys from {', '.join(types_)}, got {v!r}")
             kw[k] = SECTIONS[k](**{kk: parse_value(types_[kk], vv, f"{k}.{kk}") if vv is not None else None
                                   for kk, vv in v.items()})
         elif k in top:

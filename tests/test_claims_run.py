@@ -46,10 +46,14 @@ def runs(tmp_path_factory):
     prepared = str(root / "data")
     data_lib.prepare(data_lib.builtin_text()[:100_000], prepared, "byte", source="tinyshakespeare[:100000]")
 
+    handlers = []  # (SIGINT, SIGTERM) handlers before and after each run
+
     def train(name, *extra):
         buf = io.StringIO()
+        before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
         with contextlib.redirect_stdout(buf):
             rc = loop.run_train(resolve([*ARGS, f"data={prepared}", f"out={root / name}", *extra]))
+        handlers.append((before, (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))))
         assert rc == 0
         return buf.getvalue()
 
@@ -75,7 +79,16 @@ def runs(tmp_path_factory):
         lines = len(records(root / "stopped"))
         resumed = train("stopped", "progress=plain", "resume=true")
         step1 = {s: step_one_loss(prepared, s) for s in (0, 1)}  # the run's step (cached compile)
-    return {"ref": ref, "stopped": (root / "stopped", first, resumed, lines), "data": prepared, "step1": step1}
+    return {"ref": ref, "stopped": (root / "stopped", first, resumed, lines), "data": prepared, "step1": step1,
+            "handlers": handlers}
+
+
+def test_the_callers_signal_handlers_are_back_after_each_run(runs):
+    """run_train handles SIGINT/SIGTERM only while it runs: a program that trains in-process (a
+    notebook, a sweep) gets its own Ctrl-C back, also after a run that a SIGINT stopped."""
+    assert len(runs["handlers"]) == 3
+    for before, after in runs["handlers"]:
+        assert after == before
 
 
 def step_one_loss(prepared: str, step_count: int) -> float:

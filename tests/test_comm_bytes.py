@@ -101,3 +101,48 @@ def test_pipeline_bytes_match_theory(bytes_per_mesh):
     # dp: the stage's layers over data (4), wte/wpe/ln_f over data·pipe (8)
     assert th["dp"] == 2 * 3 / 4 * (PSI - OUTER) / 2 * 4 + 2 * 7 / 8 * OUTER * 4
     assert 0.95 <= r["measured"] / th["total"] <= 1.05, r
+
+
+@pytest.mark.parametrize("precision,act", [("bf16", 2), ("fp32", 4)])
+def test_theory_counts_activations_in_the_compute_dtype(precision, act):
+    """The activation terms (tensor all-reduces, pipeline permutes) move the compute dtype: 2 bytes
+    per element under bf16, 4 under fp32 (the pipeline's ends stay fp32, 4 bytes). Closed forms for
+    gpt2-tiny (L=2, D=128), batch 16 x 64. No compile."""
+    from jaxpar.config import PRESETS, Config, MeshConfig, PipelineConfig, TrainConfig
+    from jaxpar.inspect import theory_bytes
+
+    tc = TrainConfig(batch_size=16, seq_len=64)
+    tp = theory_bytes(Config(model=PRESETS["gpt2-tiny"], mesh=MeshConfig(tensor=2), precision=precision, train=tc))
+    # 2(t-1)/t · (4L + 2) · b·s·h · bytes, b = 16 rows (one data replica, one microbatch)
+    assert tp["tp"] == 2 * (1 / 2) * (4 * 2 + 2) * 16 * 64 * 128 * act
+    pp = theory_bytes(Config(model=PRESETS["gpt2-tiny"], mesh=MeshConfig(data=4, pipe=2), precision=precision,
+                             train=tc, pipeline=PipelineConfig(microbatches=2)))
+    # N = M + S - 1 = 3 iterations of one (b=2, 64, 128) permute each way + the fp32 ends of 4 rows
+    assert pp["pipe"] == 2 * 3 * 2 * 64 * 128 * act + 2 * 3 * (1 / 2) * 4 * 64 * 128 * 4
+
+
+_ONE_ALL_REDUCE = """HloModule m, num_partitions=8
+
+ENTRY %main (p: f32[1024]) -> f32[1024] {
+  %p = f32[1024]{0} parameter(0)
+  ROOT %ar = f32[1024]{0} all-reduce(%p), channel_id=1, replica_groups=GROUPS, use_global_device_ids=true, to_apply=%add
+}
+"""
+
+
+@pytest.mark.parametrize("groups,n", [
+    ("[2,4]<=[8]", 4),  # iota: 2 groups of 4
+    ("[4,2]<=[2,4]T(1,0)", 2),  # iota, transposed: 4 groups of 2
+    ("{{0,1,2,3},{4,5,6,7}}", 4),
+    ("mesh['axis_0'=4,'axis_1'=2] {'axis_1'}", 2),
+    ("{}", 8),  # every device
+])
+def test_group_size_in_each_of_xlas_replica_groups_spellings(groups, n):
+    """One all-reduce of f32[1024] (4096 bytes) in a hand-written module: its group size read from
+    each spelling XLA prints (the compiled steps above happen to print few of them), and the ring's
+    2(n-1)/n · 4096 bytes per device."""
+    from jaxpar.inspect import collective_bytes
+
+    c = collective_bytes(_ONE_ALL_REDUCE.replace("GROUPS", groups))
+    assert c["ops"][0]["group"] == n
+    assert c["all-reduce"]["wire_bytes"] == c["total_wire_bytes"] == 2 * (n - 1) / n * 4096

@@ -40,6 +40,30 @@ def test_config_flag_naming_a_directory_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err == f"error: config file {str(tmp_path)!r} is a directory\n"
 
 
+def test_config_flag_forms(tmp_path, capsys):
+    """`--config FILE` and `--config=FILE` (a path may hold '=': a sweep's run dirs do) are pulled
+    out of argv; `--config` with nothing after it is one error line, not a run on the defaults."""
+    assert cli.split_config_flag(["a=1", "--config", "x.yaml", "b=2"]) == ("x.yaml", ["a=1", "b=2"])
+    assert cli.split_config_flag(["--config=runs/lr=3e-4/c.yaml", "a=1"]) == ("runs/lr=3e-4/c.yaml", ["a=1"])
+    assert cli.main(["train", "train.steps=0", "--config"]) == 2  # (steps=0: a run never starts, even on a bug)
+    assert capsys.readouterr().err == "error: --config needs a file path\n"
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["eval", "checkpoint=a", "hf=b", "data=c"], "eval needs exactly one of checkpoint=<run dir> or hf=<dir>"),
+    (["eval", "data=c"], "eval needs exactly one of checkpoint=<run dir> or hf=<dir>"),
+    (["prepare", "input=corpus.txt"], "prepare needs out=<dir>"),
+    (["plot"], "plot takes run=<run dir> [out=<png>]"),
+    (["plot", "out=x.png"], "plot takes run=<run dir> [out=<png>]"),
+])
+def test_command_arguments_missing_or_conflicting_are_one_line(argv, line, tmp_path, monkeypatch, capsys):
+    """Checked before any file is read (none of these paths exists): exit 2, one line."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == f"error: {line}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_error_line_is_one_write(monkeypatch):
     """Two ranks sharing an unbuffered stderr joined their lines when print() wrote the
     text and the newline separately (issue 18's flaky launch test)."""
@@ -194,10 +218,18 @@ def test_resume_with_a_missing_or_corrupt_config_json(tmp_path):
     with pytest.raises(ConfigError) as e:
         rundir.resolve_train({"out": str(tmp_path), "resume": "true"}, None)
     assert str(e.value) == f"resume=true but out={str(tmp_path)!r} has no config.json (not a jaxpar run dir)"
-    (tmp_path / "config.json").write_text('{"model": {"n_layer": "two"}}')
-    with pytest.raises(ConfigError) as e:
-        rundir.resolve_train({"out": str(tmp_path), "resume": "true"}, None)
-    assert str(e.value) == f"resume=true but {str(tmp_path / 'config.json')!r} is corrupt"
+    # a bad value, a key this Config does not have (a hand edit, another version's config.json), a
+    # section that is not an object, a file that is not an object: one line each, never a traceback
+    from jaxpar.commands import run_config
+
+    for text in ('{"model": {"n_layer": "two"}}', '{"train": {"bogus": 1}}', '{"mesh": 5}', "[]"):
+        (tmp_path / "config.json").write_text(text)
+        with pytest.raises(ConfigError) as e:
+            rundir.resolve_train({"out": str(tmp_path), "resume": "true"}, None)
+        assert str(e.value) == f"resume=true but {str(tmp_path / 'config.json')!r} is corrupt", text
+        with pytest.raises(ConfigError) as e:  # eval / sample / convert read it the same way
+            run_config(str(tmp_path))
+        assert str(e.value) == f"checkpoint={str(tmp_path)!r}: config.json is corrupt", text
 
 
 def test_truncate_drops_a_torn_last_line(tmp_path):

@@ -84,6 +84,37 @@ def test_a_checkpoint_that_cannot_be_written_is_one_error_line_and_resume_goes_o
     assert losses(out) == failed  # steps 3-4 again from step 2's checkpoint: the same bits
 
 
+def test_a_failed_steps_partial_dir_stays_removed_when_a_late_write_recreates_it(tmp_path, monkeypatch):
+    """Orbax raises at the first refused write while the step's other tensorstore writes are still in
+    flight; one of them re-creating its directory after the first removal left it on the full disk
+    (the test above, on a loaded host). Stand-in: a save that refuses and re-creates the dir 0.3 s
+    later; `Checkpointer.save` must return with no trace of step 3 once that has happened."""
+    import errno
+    import threading
+
+    import jax.numpy as jnp
+
+    from gpt2common.writes import WriteFailed
+    from jaxpar.checkpoint import Checkpointer
+
+    ck = Checkpointer(str(tmp_path))
+    late = tmp_path / "ckpt" / "3.orbax-checkpoint-tmp" / "params.orbax-checkpoint-tmp" / "ocdbt.process_0" / "d"
+    timer = threading.Timer(0.3, lambda: late.mkdir(parents=True, exist_ok=True))
+
+    def refused(step, args=None, force=False):
+        late.mkdir(parents=True)
+        timer.start()
+        raise ValueError("a tensorstore write failed") from OSError(errno.EFBIG, "File too large")
+
+    monkeypatch.setattr(ck.mngr, "save", refused)
+    with pytest.raises(WriteFailed) as e:
+        ck.save(3, {"params": {"w": jnp.zeros(2)}}, {"step": 3})
+    timer.join()
+    ck.close()
+    assert str(e.value) == f"cannot write checkpoint {tmp_path}/ckpt/3: File too large (errno 27)"
+    assert os.listdir(tmp_path / "ckpt") == []
+
+
 def test_a_metrics_line_that_cannot_be_written_is_one_error_line(two_steps):
     out = two_steps
     limit = os.path.getsize(out / "config.json") + 100  # config.json fits; metrics.jsonl reaches it by step 8

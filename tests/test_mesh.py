@@ -89,6 +89,11 @@ def test_detect_cluster(env, expect):
     # mpiexec (mpich's Hydra): jax asks mpi4py for the ranks
     ({"PMI_SIZE": "2", "PMI_RANK": "0", "JAXPAR_INIT_TIMEOUT": "9"},
      {"cluster_detection_method": "mpi4py", "initialization_timeout": 9, "heartbeat_timeout_seconds": 30}),
+    # jaxpar launch with the local devices named (one GPU per process on a multi-GPU host)
+    ({"JAXPAR_COORDINATOR": "h:1", "JAXPAR_NUM_PROCESSES": "2", "JAXPAR_PROCESS_ID": "0",
+      "JAXPAR_LOCAL_DEVICE_IDS": "2,3"},
+     {"coordinator_address": "h:1", "num_processes": 2, "process_id": 0, "local_device_ids": [2, 3],
+      "initialization_timeout": 120, "heartbeat_timeout_seconds": 30}),
     # srun: jax's own SLURM detection, nothing passed but the timeouts
     ({"SLURM_NTASKS": "4", "SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_PROCID": "3"},
      {"initialization_timeout": 120, "heartbeat_timeout_seconds": 30}),
@@ -106,6 +111,22 @@ def test_initialize_distributed_passes_what_the_launcher_set(monkeypatch, env, e
     monkeypatch.setattr(M, "_use_cpu_collectives", lambda: None)
     M.initialize_distributed()
     assert got == expect
+
+
+def test_initialize_distributed_keeps_explicit_zeros(monkeypatch):
+    """Explicit arguments override what is detected, 0 included: process_id=0 (rank 0) and
+    local_device_ids=[0] must reach jax.distributed.initialize, not fall back to the detected rank 1."""
+    import jax
+
+    monkeypatch.setenv("JAXPAR_COORDINATOR", "h:1")
+    monkeypatch.setenv("JAXPAR_NUM_PROCESSES", "2")
+    monkeypatch.setenv("JAXPAR_PROCESS_ID", "1")
+    got = {}
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: got.update(kw))
+    monkeypatch.setattr(M, "_use_cpu_collectives", lambda: None)
+    M.initialize_distributed(process_id=0, local_device_ids=[0], timeout_s=5, heartbeat_timeout_s=6)
+    assert got == {"coordinator_address": "h:1", "num_processes": 2, "process_id": 0, "local_device_ids": [0],
+                   "initialization_timeout": 5, "heartbeat_timeout_seconds": 6}
 
 
 def test_emulate_devices_per_process(monkeypatch):
@@ -132,11 +153,21 @@ def test_emulate_one_device_mesh_overrides_a_users_device_count(monkeypatch):
     (["nprocs=0", "--", "train"], "launch: nprocs=0 must be >= 1"),
     (["procs=2", "--", "train"], "launch: unknown argument 'procs=2' (valid: nprocs=N, port=P, grace=SECONDS)"),
     (["nprocs=2", "--"], "launch: no command after `--`"),
+    (["nprocs=2", "--", "launch", "nprocs=2", "--", "mesh"], "launch: the command cannot itself be `launch`"),
 ])
 def test_launch_argument_errors(argv, msg):
     with pytest.raises(ConfigError) as e:
         launch.parse(argv)
     assert str(e.value) == msg
+
+
+@pytest.mark.parametrize("cmd", ["train", "inspect", "mesh"])
+def test_launch_prechecks_the_mesh_split_once(cmd):
+    """The launcher checks that the mesh splits over the processes before starting any (else every
+    rank prints the same error); `inspect` is `train dry_run=true` and is checked too."""
+    with pytest.raises(ConfigError) as e:
+        launch.precheck([cmd, "mesh.data=3"], 2)
+    assert str(e.value) == "mesh data=3×fsdp=1×tensor=1×pipe=1 (3 devices) cannot be split evenly over 2 processes"
 
 
 def _cfg(**mesh):

@@ -43,3 +43,5 @@ def test_tensorboard_events_written_without_importing_torch(tmp_path):
     got = _scalars(events)
     assert [(s, t, v) for s, t, v in got if t == "loss"] == [(1, "loss", 2.5), (2, "loss", 2.25)]
     assert (2, "mfu", 0.0625) in got and (1, "tokens_per_s", 1024.0) in got
+    # one scalar per metric per step; `step` is the x axis, not a metric of its own
+    assert sorted(t for s, t, _ in got if s == 1) == ["loss", "mfu", "step_time_s", "tokens_per_s"]
