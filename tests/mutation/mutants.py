@@ -186,6 +186,11 @@ MUTANTS: list[Mutant] = [
            "    if True:  # the scan's autodiff",
            "bf16 chunked MLP sums its chunks' input gradients in bf16 (error grows with mlp_chunks: 9.9e-3 at 32)",
            (T + "test_ops.py::test_bf16_chunked_mlp_equals_bf16_plain",)),
+    Mutant("chunked_head_ignores_policy", "ops", "jaxpar/models/gpt2.py",
+           "targets, self.vocab_chunks, self.policy)", "targets, self.vocab_chunks)",
+           "train.vocab_chunks runs the head in ops' default fp32 policy: bf16 runs get fp32 logits dots (passed "
+           "test_policy_dtypes, test_precision, test_model, test_model_pinned)",
+           (T + "test_ops.py::test_bf16_memory_knobs_keep_the_gradient",)),
     # ------------------------------------------------------------- sharding
     Mutant("fsdp_rule_on_mlp", "sharding", "jaxpar/layout.py",
            'FSDP_PARAM_RULES: Rules = {"embed": "fsdp"}',
