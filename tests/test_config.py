@@ -75,6 +75,8 @@ def test_the_readme_defaults():
     (["train.min_lr_ratio=1"], ["train.min_lr_ratio=1.0000001"], "train.min_lr_ratio=1.0000001 must be in [0, 1]"),
     (["train.min_lr_ratio=0"], ["train.min_lr_ratio=-0.5"], "train.min_lr_ratio=-0.5 must be in [0, 1]"),
     (["train.beta1=0"], ["train.beta1=1"], "train.beta1=1.0 must be in [0, 1)"),
+    # lr = 0 trains nothing (every update is 0): refused, the smallest positive lr is not
+    (["train.lr=1e-9"], ["train.lr=0"], "train.lr=0.0 must be positive"),
     # dropout 1 drops everything: inverted dropout would divide by 1 - p = 0
     (["model.dropout=0"], ["model.dropout=1"], "model.dropout=1.0 must be in [0, 1)"),
 ])
