@@ -77,6 +77,8 @@ def test_the_readme_defaults():
     (["train.beta1=0"], ["train.beta1=1"], "train.beta1=1.0 must be in [0, 1)"),
     # lr = 0 trains nothing (every update is 0): refused, the smallest positive lr is not
     (["train.lr=1e-9"], ["train.lr=0"], "train.lr=0.0 must be positive"),
+    # grad_clip = 0 disables clipping; a negative one would disable it silently (grad_clip > 0 gates it)
+    (["train.grad_clip=0"], ["train.grad_clip=-1"], "train.grad_clip=-1.0 must be >= 0"),
     # dropout 1 drops everything: inverted dropout would divide by 1 - p = 0
     (["model.dropout=0"], ["model.dropout=1"], "model.dropout=1.0 must be in [0, 1)"),
 ])
