@@ -96,3 +96,21 @@ def test_init_is_hf_distribution():
     assert abs(p["h"]["mlp"]["c_proj"]["weight"].std() - 0.02 / np.sqrt(4)) < 0.001
     q = gpt2.init_params(cfg, 0)
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(q)))
+
+
+def test_layer_norm_epsilon_reaches_every_layernorm():
+    """model.layer_norm_epsilon off its default (1e-3; activations at init have variance ~4e-4, so eps
+    moves every LayerNorm's output by ~100%): logits equal HF torch's built with the same eps (fp32,
+    <= 1e-5), ln_1, ln_2 and ln_f alike."""
+    import dataclasses
+
+    from torchref import model as tm
+
+    cfg = dataclasses.replace(ODD, n_layer=1, layer_norm_epsilon=1e-3)
+    params = gpt2.init_params(cfg, seed=3)
+    m = tm.build_model(hf.hf_config_dict(cfg), hf.to_hf_state_dict(cfg, params)).eval()
+    toks = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 16))
+    with torch.no_grad():
+        ref = m(torch.tensor(toks)).logits.numpy()
+    got = np.asarray(gpt2.GPT2(cfg, jax.tree.map(jnp.asarray, params))(jnp.asarray(toks, jnp.int32)))
+    assert np.abs(got - ref).max() <= 1e-5

@@ -55,3 +55,22 @@ def test_fp32_policy_is_plain_einsum():
     pol = get_policy("fp32")
     b = jnp.arange(24, dtype=jnp.float32)
     np.testing.assert_array_equal(pol.linear("btd,df->btf", x, w, b), jnp.einsum("btd,df->btf", x, w) + b)
+
+
+def test_bf16_linear_bias_gradient_is_an_fp32_sum():
+    """The bf16 policy adds a bias in fp32 (README: "biases added in fp32"), so its gradient is the fp32 sum
+    of the bf16 cotangent over the (B, T) = 256 positions: within the fp32 summation bound
+    256 * U_FP32 * sum|g| of the float64 sum (measured: exact). A bf16 add (y rounded, then + bias in
+    bf16) sums it in bf16: 70x that bound here."""
+    from jaxpar.tolerances import U_FP32
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(4, 64, 16)), jnp.bfloat16)
+    w = jnp.asarray(rng.normal(size=(16, 8)) * 0.1, jnp.float32)
+    b = jnp.asarray(rng.normal(size=(8,)), jnp.float32)
+    g = jnp.asarray(rng.normal(size=(4, 64, 8)), jnp.bfloat16)
+    pol = get_policy("bf16")
+    db = jax.grad(lambda b: jnp.sum((pol.linear("btd,df->btf", x, w, b) * g).astype(jnp.float32)))(b)
+    g64 = np.asarray(g, np.float64)
+    assert db.dtype == jnp.float32
+    assert (np.abs(np.asarray(db, np.float64) - g64.sum((0, 1))) <= 256 * U_FP32 * np.abs(g64).sum((0, 1))).all()

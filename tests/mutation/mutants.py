@@ -1607,6 +1607,35 @@ MUTANTS: list[Mutant] = [
            "ds = p * (dp - jnp.sum(dp * p, axis=-1, keepdims=True))",
            "T >= 128 (causal query blocks): dQ and dK miss the 1/sqrt(Hd) of the scores",
            (T + "test_causal_blocks.py",)),
+    # hU2, third batch: the dtype policy and numerics
+    Mutant("linear_bias_added_in_bf16_on_cpu", "precision", "jaxpar/precision.py",
+           "return (y if bias is None else y + bias).astype(self.compute_dtype)",
+           "y = y.astype(self.compute_dtype)\n            return y if bias is None else y + bias.astype(y.dtype)",
+           "on CPU the bf16 policy adds biases in bf16: bias gradients summed in bf16 (README: biases in fp32)",
+           (T + "test_precision.py::test_bf16_linear_bias_gradient_is_an_fp32_sum", T + "test_model_pinned.py")),
+    Mutant("embed_not_cast_to_compute_dtype", "precision", "jaxpar/models/gpt2.py",
+           'return constrain(self.policy.cast(x), ("batch", "seq", "embed"))',
+           'return constrain(x, ("batch", "seq", "embed"))',
+           "under bf16 the residual stream stays fp32 (the embedding sum is never cast): twice the activation memory",
+           (T + "test_policy_dtypes.py", T + "test_model_residuals.py")),
+    Mutant("fp32_cpu_plain_attention_core", "precision", "jaxpar/precision.py",
+           "return self.compute_dtype in (jnp.bfloat16, jnp.float32) and _fp32_out_dots()",
+           "return self.compute_dtype == jnp.bfloat16 and _fp32_out_dots()",
+           "precision=fp32 on CPU runs the autodiff attention core (no causal blocks, Eigen dots)",
+           (T + "test_fp32_dots.py", T + "test_causal_blocks.py")),
+    Mutant("ln_f_eps_fixed", "model", "jaxpar/models/gpt2.py",
+           'self.ln_f = LayerNorm(_sub(params, "ln_f"), cfg.n_embd, cfg.layer_norm_epsilon)',
+           'self.ln_f = LayerNorm(_sub(params, "ln_f"), cfg.n_embd, 1e-5)',
+           "the final LayerNorm ignores model.layer_norm_epsilon (HF checkpoints with another eps differ from HF)",
+           (T + "test_model.py::test_layer_norm_epsilon_reaches_every_layernorm",)),
+    Mutant("adam_eps_inside_sqrt", "train", "jaxpar/optim.py",
+           "(jnp.sqrt(v2 / bc2.astype(v2.dtype) + 0.0) + eps)", "jnp.sqrt(v2 / bc2.astype(v2.dtype) + eps)",
+           "AdamW's eps moved under the square root (optax eps_root): another update than optax and torch",
+           (T + "test_optim.py",)),
+    Mutant("cpu_flags_seam_split_on_spaces", "tolerances", "jaxpar/tolerances.py",
+           'return {f.strip() for f in seam.split(",") if f.strip()}', "return set(seam.split())",
+           "$JAXPAR_CPU_FLAGS=avx512_bf16,avx512f is read as one flag: the seam cannot emulate a native-bf16 host",
+           (T + "test_tolerances.py", T + "test_avx2_host.py")),
 ]
 
 
@@ -1636,4 +1665,11 @@ EQUIVALENT: list[Equivalent] = [
                "strategy name); same for distributed_ps_amp.py. The mutants now flip is_amp instead"),
     Equivalent("jaxpar/parallel/pipeline.py", "(il // Mp < R - 1)", "(il // Mp < R)",
                "the buffer slot written for the last repeat is never read (no repeat R follows)"),
+    Equivalent("jaxpar/train.py", "jnp.where(count < warmup,", "jnp.where(count <= warmup,",
+               "update W then takes the warmup's lr*(W+1)/(W+1) instead of the cosine's decay(0) = lr: the same value "
+               "up to one fp32 rounding (1 ulp of lr for 1218 of 15992 (lr, W) pairs checked, lr in 1e-4..3e-2, "
+               "W < 2000; hU2)"),
+    Equivalent("jaxpar/mixed_attention.py", "b = max(_BLOCK, -(-T // _MAX_BLOCKS))", "b = max(_BLOCK, T // _MAX_BLOCKS)",
+               "floor(T/8) and ceil(T/8) rows give different block counts only where one of them divides T with "
+               "T >= 2b, which needs T = 8b, where they agree (checked T = 1..200000; hU2)"),
 ]
