@@ -127,7 +127,8 @@ TABLE: dict[str, Bound] = {
                                                    "round at the same points (jaxpar.ops: the chunks' input "
                                                    "gradients are summed in fp32 and rounded once), so only fp32 "
                                                    "sum orders differ; a value whose two sums straddle a bf16 "
-                                                   "rounding boundary moves by one bf16 unit: U_BF16 at most. "
+                                                   "rounding boundary moves by one bf16 ulp (up to 2*U_BF16 "
+                                                   "relative), and only a fraction of values do: U_BF16 in l2. "
                                                    "Emulated AVX2: 2.84e-3 at k=32. Summed in bf16 it was 6.4e-3 at "
                                                    "k=2, 9.9e-3 at k=32"),
     # tests/test_ops.py: precision=bf16 with train.remat=selective|full and train.vocab_chunks vs bf16 plain.
