@@ -34,6 +34,11 @@ CASES = {
     # the chunked MLP's scan inside the pipeline's shard_map (its carry once failed to trace there);
     # compared with the plain single-device model: chunking is exact to 1e-6 (jaxpar.tolerances)
     "pipe=2/gpipe,mlp_chunks=2": ({"pipe": 2}, {"microbatches": 4}, 4, {"mlp_chunks": 2}),
+    # bf16: the chunked MLP's hand-written backward (jaxpar.ops._chunk_scan_fp32_dx, bf16 only) inside the
+    # pipeline's shard_map, against one device with mlp_chunks=2 too (jaxpar.tolerances sharded.bf16.*).
+    # Measured on the AMD Zen 4 host: loss 7.44e-5 (bound 1e-4), grad 1.04e-2 (2e-2, ln_1.bias); slow-marked
+    # (not in FAST) until another host kind has measured it: 74% of the loss bound on the one kind measured
+    "pipe=2/gpipe,mlp_chunks=2,bf16": ({"pipe": 2}, {"microbatches": 4}, 4, {"mlp_chunks": 2}, "bf16"),
     # pipeline.gather=layer: fsdp weights gathered per layer inside the checkpointed stage (their
     # grads reduce-scattered per iteration, the data psum on the 1/f shards), circular schedule
     "data=2,fsdp=2,pipe=2/circular-R2,gather=layer": ({"data": 2, "fsdp": 2, "pipe": 2},
@@ -68,7 +73,7 @@ def _train_worker(names: list[str]) -> dict:
     rng = np.random.default_rng(0)
     batches = [rng.integers(0, 256, (2, 8, 32), dtype=np.int32)] * STEPS  # one batch, memorised: loss falls
 
-    def run(sizes, pipe_kw, n_layer, train_kw=None):
+    def run(sizes, pipe_kw, n_layer, train_kw=None, precision="fp32"):
         """5 AdamW steps; grads at step 1. One compile of the sharded value_and_grad (the part under
         test); the optimizer update is a separate, cheap jit (train.step_fn composes the same two)."""
         import optax
@@ -76,7 +81,7 @@ def _train_worker(names: list[str]) -> dict:
         model = tiny(n_layer)
         tc = TrainConfig(steps=STEPS, batch_size=8, seq_len=32, lr=1e-3, warmup_steps=0, **(train_kw or {}))
         cfg = Config(model=model, mesh=MeshConfig(**sizes), pipeline=PipelineConfig(**pipe_kw), train=tc,
-                     precision="fp32")
+                     precision=precision)
         mesh = build_mesh(cfg.mesh, devs[:int(np.prod(list(sizes.values())))] if sizes else devs[:1])
         tr = build_trainer(cfg, mesh)
         loss_fn = make_loss_fn(cfg, mesh)
@@ -101,12 +106,16 @@ def _train_worker(names: list[str]) -> dict:
 
     out, refs = {}, {}
     for name in names:
-        sizes, pipe_kw, n_layer, *train_kw = CASES[name]
-        if n_layer not in refs:
-            refs[n_layer] = run({}, {}, n_layer)
-        ref_l, ref_g, _, ref_ev = refs[n_layer]
-        losses, g, spec, ev = run(sizes, pipe_kw, n_layer, *train_kw)
-        out[name] = {"losses": losses, "ref_losses": ref_l, "eval": ev, "ref_eval": ref_ev,
+        sizes, pipe_kw, n_layer, *rest = CASES[name]
+        train_kw, precision = (rest + [None, "fp32"][len(rest):])[:2]
+        # fp32 against the plain model (chunking is exact to 1e-6); bf16 against one device with the same
+        # train settings: chunking's own bf16 difference has its bound (tests/test_ops.py), not this one
+        key = (n_layer, precision, None if precision == "fp32" else str(train_kw))
+        if key not in refs:
+            refs[key] = run({}, {}, n_layer, None if precision == "fp32" else train_kw, precision)
+        ref_l, ref_g, _, ref_ev = refs[key]
+        losses, g, spec, ev = run(sizes, pipe_kw, n_layer, train_kw, precision)
+        out[name] = {"precision": precision, "losses": losses, "ref_losses": ref_l, "eval": ev, "ref_eval": ref_ev,
                      "loss_rel": [abs(a - b) / abs(b) for a, b in zip(losses, ref_l)],
                      "grad_rel": {k: _rel(g[k], ref_g[k]) for k in ref_g}, "c_fc_spec": spec}
     return out
@@ -248,7 +257,7 @@ def test_pipeline_forward_equals_sequential_layer_loop(forward):
 
 
 def _check(r):
-    tol = SHARDED_VS_SINGLE["fp32"]
+    tol = SHARDED_VS_SINGLE[r["precision"]]
     assert len(r["losses"]) == STEPS and max(r["loss_rel"]) <= tol["loss"], r["loss_rel"]
     assert r["ref_losses"][0] - r["ref_losses"][-1] > 1e-2  # it trains: losses move far beyond the tolerance
     assert len(r["grad_rel"]) == 16
