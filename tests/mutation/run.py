@@ -110,7 +110,9 @@ def run_one(m: Mutant, root: Path, timeout: float, log, likely_only: bool = Fals
             phases.append(("suite", [f"--deselect={t}" for t in likely] + ["--ignore=tests/test_mutation_harness.py"]))
         total = 0.0
         for phase, args in phases:
-            rc, out, dt = pytest(root, args, max(timeout - total, 1.0))
+            # the likely catchers in one process (no worker start-up; -x stops at the first);
+            # the suite on the default two workers
+            rc, out, dt = pytest(root, (["-n", "0"] if phase == "likely" else []) + args, max(timeout - total, 1.0))
             total += dt
             log(f"    {phase}: rc={rc} {dt:.0f}s")
             if rc is None:
