@@ -146,3 +146,23 @@ def test_report_model_row_fails_when_any_adamw_step_is_off():
     assert row["adamw_update_rel"] == {"1": 0.0, "3": 1.0} and row["adamw_worst_param"] == {"1": "a", "3": "a"}
     assert row["checks"] == {"logits": True, "loss": True, "grad": True, "adamw": False} and row["pass"] is False
     json.dumps(row)  # the report writes it as JSON
+
+
+def test_trajectory_diffs_of_example_06_fail_a_run_that_turns_nan():
+    """examples/06_parity.py's verdict. Before hW2 its Python max() kept step 1's diff against the
+    nan steps of a diverged run (lr 1e30: both sides nan from step 2) and it printed PASS, exit 0."""
+    from parity_tests.common import trajectory_diffs
+    from parity_tests.tolerances import TRAJECTORY
+
+    diverged = [(5.5518336, 2.0), (math.nan, math.nan), (math.nan, math.nan)]
+    ref = [(5.5518332, 2.0), (math.nan, math.nan), (math.nan, math.nan)]
+    assert trajectory_diffs(diverged, ref, TRAJECTORY["fp32"])["pass"] is False
+    assert trajectory_diffs([(4.0, 2.0), (3.0, 2.0)], [(4.0, 2.0), (3.0, math.nan)], TRAJECTORY["fp32"])["pass"] is False
+    # a planted 5e-7 loss diff at step 2 (within fp32's 1e-6), grad norms 1e-5 off at step 1: bf16's l2 bound
+    run, ref = [(4.0, 2.0 * (1 + 1e-5)), (3.0 * (1 + 5e-7), 2.0)], [(4.0, 2.0), (3.0, 2.0)]
+    r = trajectory_diffs(run, ref, TRAJECTORY["fp32"])
+    assert r["max_loss_rel"] == pytest.approx(5e-7, rel=1e-6) and r["max_grad_norm_rel"] == pytest.approx(1e-5, rel=1e-6)
+    assert (r["grad_bound"], r["pass"]) == (TRAJECTORY["fp32"]["grad_rel"], False)
+    b = trajectory_diffs(run, ref, TRAJECTORY["bf16"])
+    assert (b["grad_bound"], b["pass"]) == (TRAJECTORY["bf16"]["grad_l2_rel"], True)
+    assert r["diffs"].shape == (2, 2) and r["diffs"][0, 0] == 0.0
