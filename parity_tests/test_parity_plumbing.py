@@ -50,10 +50,17 @@ def test_property_meshes_use_up_to_all_8_devices():
     assert {(8, 1, 1, 1), (1, 8, 1, 1), (2, 2, 2, 1), (4, 1, 2, 1), (2, 1, 2, 2)} <= full
 
 
+# one drawn example, shape of test_property_parity.PINNED (not imported: that module imports torch)
+PINNED = P.Example(
+    common=("model=gpt2-tiny", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.vocab_size=64",
+            "model.n_positions=16", "train.batch_size=8", "train.seq_len=8", "train.steps=4", "train.grad_accum=2",
+            "seed=3"),
+    vocab=64, jaxpar=("mesh.data=2", "mesh.fsdp=1", "mesh.tensor=2", "mesh.pipe=1", "train.remat=selective"),
+    torchref=("strategy=distributed-ps", "workers=2"))
+
+
 def test_property_reproduction_commands_run_what_the_example_ran(tmp_path, monkeypatch):
     """The ready-to-paste commands of a failing example carry every key the two sides got."""
-    from parity_tests.test_property_parity import PINNED
-
     got = {}
     monkeypatch.setattr(P.JaxRuns, "submit", classmethod(lambda cls, args, log: got.setdefault("jaxpar", args)))
     monkeypatch.setattr(P.JaxRuns, "result", classmethod(lambda cls, log: dict(TR)))

@@ -138,14 +138,15 @@ def test_a_rank_killed_by_a_signal_is_a_death_and_the_others_are_stopped(monkeyp
     import signal
     import sys
     import time
+    import warnings
 
     from torchref import launch, runtime, zygote
 
-    def body(job, rank, world):
+    def body(job, rank, world):  # plain system calls only: the test process may hold JAX's threads
         if rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(5)
-        (tmp_path / "rank0_finished").write_text("")
+        os.close(os.open(tmp_path / "rank0_finished", os.O_CREAT | os.O_WRONLY))
         os._exit(0)
 
     monkeypatch.setattr(launch, "_child", body)
@@ -155,7 +156,9 @@ def test_a_rank_killed_by_a_signal_is_a_death_and_the_others_are_stopped(monkeyp
     reply_r, reply_w = os.pipe()
     monkeypatch.setattr(sys, "stdin", os.fdopen(r))
     try:
-        res = zygote.serve(str(tmp_path / "job.json"), 2, reply_w)
+        with warnings.catch_warnings():  # JAX's fork warning, where an earlier test started JAX: the
+            warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)  # children run no JAX code
+            res = zygote.serve(str(tmp_path / "job.json"), 2, reply_w)
     finally:
         for fd in (w, reply_r, reply_w):
             os.close(fd)
