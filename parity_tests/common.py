@@ -118,6 +118,21 @@ def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-30))
 
 
+def trajectory_diffs(run, ref, tol: dict) -> dict:
+    """A run's per-step (loss, logged grad norm) pairs against the reference's, [(loss, grad_norm)]
+    each -> the relative diffs per step, (steps, 2); the worst of each column; the verdict under
+    `tol` (TRAJECTORY[precision]: loss_rel, and grad_rel or, bf16, grad_l2_rel for the norms).
+    A nan step fails: numpy's max propagates it, where Python's max() keeps an earlier value
+    against a later nan (nan > x is False), so a run that diverged after step 1 would pass."""
+    a, b = np.asarray(run, np.float64), np.asarray(ref, np.float64)
+    assert a.shape == b.shape and a.ndim == 2 and a.shape[1] == 2, (a.shape, b.shape)
+    d = np.abs(a - b) / np.abs(b)
+    worst_loss, worst_gn = (float(v) for v in np.max(d, axis=0))
+    gbound = tol.get("grad_rel", tol.get("grad_l2_rel"))
+    return {"diffs": d, "max_loss_rel": worst_loss, "max_grad_norm_rel": worst_gn, "grad_bound": gbound,
+            "pass": worst_loss <= tol["loss_rel"] and worst_gn <= gbound}
+
+
 def worst(d: dict[str, float]) -> tuple[str, float]:
     k = max(d, key=d.get)
     return k, d[k]

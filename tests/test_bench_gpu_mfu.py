@@ -71,3 +71,25 @@ def test_trace_reader_sums_device_kernels_per_step():
     ops = gpu_profile.complete_events(TRACE, threads, "XLA Ops")
     assert gpu_profile.summarize(ops, steps=1)["top_ms"] == {"fusion.1": 1.5}
     assert gpu_profile.op_text(ops, {"fusion.1"}) == {"fusion.1": "fusion.1 = bf16[8] fusion(p0)"}
+
+
+def test_measure_times_steps_after_warmup_and_derives_mfu_from_the_median(monkeypatch):
+    """gpu_mfu.measure with a stand-in step (no GPU, no compile): --steps timed steps after --warmup
+    untimed ones; tokens/s and MFU from the median step, the run's FLOPs/token and the device peak. (hW2)"""
+    import statistics
+    from types import SimpleNamespace
+
+    from jaxpar import train
+    from jaxpar.config import PRESETS, Config, TrainConfig
+
+    calls = []
+    cfg = Config(model=PRESETS["gpt2-tiny"], train=TrainConfig(batch_size=2, seq_len=16), precision="bf16")
+    trainer = SimpleNamespace(step_fn=lambda s, x, y: calls.append(s) or (s + 1, {"loss": 1.0}))
+    monkeypatch.setattr(gpu_mfu, "preset_step", lambda *a: (cfg, trainer, 0, None, None))
+    monkeypatch.setattr(train, "device_peak_flops", lambda c: 1e12)
+    r = gpu_mfu.measure("gpt2-tiny", 2, gpu_mfu.parse_args(["--steps", "4", "--warmup", "2", "--seq", "16"]))
+    assert calls == list(range(6)) and len(r["times_s"]) == 4
+    med = statistics.median(r["times_s"])
+    assert (r["median_step_s"], r["tokens_per_s"]) == (med, 32 / med)
+    flops = PRESETS["gpt2-tiny"].flops_per_token(16) * 32 / med
+    assert (r["tflops_per_s"], r["peak_tflops"], r["mfu"]) == (flops / 1e12, 1.0, flops / 1e12)

@@ -128,3 +128,39 @@ def test_a_storage_failure_on_the_last_rank_is_reported_as_one(monkeypatch, tmp_
         _run_forked_with(monkeypatch, tmp_path, {"status": "died", "rank": 0, "code": 1})
     assert str(e.value) == ("strategy=distributed-ps: rank 1: step 3: cannot write /x: No space left on device "
                             f"(errno 28); stopped the other 1 (logs in {tmp_path}/logs)")
+
+
+def test_a_rank_killed_by_a_signal_is_a_death_and_the_others_are_stopped(monkeypatch, tmp_path):
+    """torchref.zygote.serve with real forked ranks (stand-in bodies): rank 1 SIGKILLs itself (the
+    OOM killer), rank 0 would finish 5 s later with exit 0 and a marker file. Reference: the signal
+    sent; rank 0 is stopped before it writes its marker. (hW2)"""
+    import os
+    import signal
+    import sys
+    import time
+    import warnings
+
+    from torchref import launch, runtime, zygote
+
+    def body(job, rank, world):  # plain system calls only: the test process may hold JAX's threads
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(5)
+        os.close(os.open(tmp_path / "rank0_finished", os.O_CREAT | os.O_WRONLY))
+        os._exit(0)
+
+    monkeypatch.setattr(launch, "_child", body)
+    monkeypatch.setattr(runtime.Job, "from_json", staticmethod(lambda s: None))
+    (tmp_path / "job.json").write_text("{}")
+    r, w = os.pipe()  # an idle stdin: the launcher is still there
+    reply_r, reply_w = os.pipe()
+    monkeypatch.setattr(sys, "stdin", os.fdopen(r))
+    try:
+        with warnings.catch_warnings():  # JAX's fork warning, where an earlier test started JAX: the
+            warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)  # children run no JAX code
+            res = zygote.serve(str(tmp_path / "job.json"), 2, reply_w)
+    finally:
+        for fd in (w, reply_r, reply_w):
+            os.close(fd)
+    assert res == {"status": "died", "rank": 1, "code": -9}
+    assert not zygote._children and not (tmp_path / "rank0_finished").exists()

@@ -74,3 +74,16 @@ def test_row_medians_leave_out_the_first_step_only():
     # (steps 1..4 would give 250 and 0.25)
     assert (r["tokens_per_s"], r["step_time_s"]) == (150.0, 0.4)
     assert (r["worker_bytes_per_step"], r["server_bytes_per_step"], r["final_loss"]) == (40, None, 1.0)
+
+
+def test_peak_rss_column_is_the_largest_process_not_their_sum():
+    """'peak RSS/proc (MB)': the largest peak RSS of the run's processes, in MiB. (hW2)"""
+    from torchref.compare import row_of
+
+    rows = [{"tokens_per_s": 1.0, "step_time_s": 1.0, "bytes_sent": 0, "bytes_received": 0, "loss": 1.0,
+             "server_bytes_sent": 5, "server_bytes_received": 7}]
+    procs = [{"role": "server", "peak_rss_bytes": 300 * 2**20}, {"role": "worker", "peak_rss_bytes": 100 * 2**20},
+             {"role": "worker", "peak_rss_bytes": 200 * 2**20}]
+    r = row_of({"strategy": "single-ps", "workers": 2, "procs": procs, "wall_s": 1.0, "param_bytes": 4, "out": "x"},
+               rows)
+    assert (r["peak_rss_mb"], r["server_bytes_per_step"]) == (300.0, 12)
