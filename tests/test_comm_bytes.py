@@ -146,3 +146,15 @@ def test_group_size_in_each_of_xlas_replica_groups_spellings(groups, n):
     c = collective_bytes(_ONE_ALL_REDUCE.replace("GROUPS", groups))
     assert c["ops"][0]["group"] == n
     assert c["all-reduce"]["wire_bytes"] == c["total_wire_bytes"] == 2 * (n - 1) / n * 4096
+
+
+def test_inspect_prints_the_layouts_warnings_on_stderr(monkeypatch, capsys):
+    """`jaxpar inspect` prints the layout's warnings (e.g. a dominant bubble) on stderr, as `jaxpar
+    train` does; stdout holds the report and, last, its JSON line. The compile is stood in for."""
+    import jaxpar.inspect as I
+
+    info = {"mesh": {"pipe": 2}, "warnings": ["warning: the bubble will dominate"], "ops": [], "ratio": 1.0}
+    monkeypatch.setattr(I, "inspect_step", lambda cfg: info)
+    monkeypatch.setattr(I, "format_report", lambda cfg, i: "REPORT")
+    assert I.run_inspect(None) == 0
+    assert capsys.readouterr() == ('REPORT\n{"mesh":{"pipe":2},"ratio":1.0}\n', "warning: the bubble will dominate\n")

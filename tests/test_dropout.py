@@ -50,3 +50,18 @@ def test_chunked_mlp_drops_what_the_unchunked_mlp_drops():
 def test_auto_attention_on_gpu_takes_cudnn_only_without_dropout(monkeypatch, dropout, precision, impl):
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert gpt2.attention_impl("auto", get_policy(precision), dropout) == impl
+
+
+def test_fsdp_with_dropout_keeps_the_auto_sharded_step():
+    """jaxpar.parallel.fsdp's explicit ZeRO-3 loss has no dropout (it asserts key is None: per-device
+    draws would differ from the auto path's one mask for the global batch), so fsdp > 1 with
+    model.dropout > 0 must keep the auto-sharded step. A stand-in mesh: `applies` reads its shape."""
+    from types import SimpleNamespace
+
+    from jaxpar.config import Config
+    from jaxpar.parallel import fsdp
+
+    mesh = SimpleNamespace(shape={"data": 1, "fsdp": 2, "tensor": 1, "pipe": 1})
+    assert fsdp.applies(Config(model=dataclasses.replace(MC, dropout=0.0)), mesh)
+    assert not fsdp.applies(Config(model=MC), mesh)  # dropout 0.25
+    assert not fsdp.applies(Config(model=dataclasses.replace(MC, dropout=0.0)), SimpleNamespace(shape={"fsdp": 1}))

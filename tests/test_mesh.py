@@ -148,6 +148,43 @@ def test_emulate_one_device_mesh_overrides_a_users_device_count(monkeypatch):
     assert M.emulate_devices_for(MeshConfig(), {"XLA_FLAGS": ""}) == 0 and os.environ["XLA_FLAGS"] == ""
 
 
+def test_barrier_waits_timeout_s_in_milliseconds(monkeypatch):
+    """The coordination service's barrier takes milliseconds: barrier(name, 600) waits 600 000 ms."""
+    from jax._src import distributed
+
+    got = []
+
+    class Client:
+        def wait_at_barrier(self, name, ms):
+            got.append((name, ms))
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(distributed.global_state, "client", Client())
+    M.barrier("ckpt", 600.0)
+    M.barrier("start", 2.5)
+    assert got == [("ckpt", 600_000), ("start", 2_500)]
+
+
+def test_a_failed_join_is_one_line_naming_the_first_line_of_the_cause(monkeypatch, capsys):
+    """A launched process that cannot join: `error: could not join the multi-process job (<the
+    first line of jax's error>)`, exit 3; jax's later lines (often its stack) are left out."""
+    import jax.distributed
+
+    monkeypatch.setenv("JAXPAR_COORDINATOR", "h:1")
+    monkeypatch.setenv("JAXPAR_NUM_PROCESSES", "2")
+    monkeypatch.setenv("JAXPAR_PROCESS_ID", "1")
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+
+    def refuse(**_):
+        raise RuntimeError("DEADLINE_EXCEEDED: barrier timed out\n  at coordination_service.cc:123")
+
+    monkeypatch.setattr(M, "initialize_distributed", refuse)
+    with pytest.raises(SystemExit) as e:
+        M.maybe_initialize_distributed()
+    assert e.value.code == 3
+    assert capsys.readouterr().err == "error: could not join the multi-process job (DEADLINE_EXCEEDED: barrier timed out)\n"
+
+
 @pytest.mark.parametrize("argv,msg", [
     (["nprocs=2", "train"], "launch needs `--` before the command, e.g. jaxpar launch nprocs=2 -- train ..."),
     (["nprocs=0", "--", "train"], "launch: nprocs=0 must be >= 1"),

@@ -85,6 +85,12 @@ def test_infeasible_names_smallest_peak():
     with pytest.raises(ConfigError, match=r"^no split of 4 layers into 2 stages fits mem_limit=3 "
                                           r"\(smallest possible stage peak is 4\)$"):
         partition_layers([1, 1, 1, 1], 2, layer_mem=[2, 2, 2, 2], mem_limit=3)
+    # the first stage's extra memory (embedding) lands on stage 0, the last's on stage S-1: with
+    # layer 0 heavy, first_mem=3 makes (1, 3) the best split, peak 3 + 4 = 7 (last_mem=3 would give 5)
+    with pytest.raises(ConfigError, match=r"\(smallest possible stage peak is 7\)$"):
+        partition_layers([1, 1, 1, 1], 2, layer_mem=[4, 1, 1, 1], mem_limit=4.5, first_mem=3)
+    with pytest.raises(ConfigError, match=r"\(smallest possible stage peak is 5\)$"):
+        partition_layers([1, 1, 1, 1], 2, layer_mem=[4, 1, 1, 1], mem_limit=4.5, last_mem=3)
 
 
 def test_too_many_stages_is_a_caller_bug():

@@ -303,6 +303,9 @@ def test_fixed_config_over_memory_names_the_resource(tmp_path, capsys):
      "(model.n_embd=768, model.n_head=12, model.n_layer=12)"),
     (["mesh.pipe=2", "train.grad_accum=2"], "error: train.grad_accum=2 with a pipeline is not modelled: a pipeline "
                                             "accumulates over pipeline.microbatches (fix that instead)"),
+    # the same without mesh.pipe: pipeline.microbatches asks for a pipeline (hV2)
+    (["pipeline.microbatches=4", "train.grad_accum=2"], "error: train.grad_accum=2 with a pipeline is not modelled: a "
+                                                        "pipeline accumulates over pipeline.microbatches (fix that instead)"),
     (["train.remat=sometimes"], "error: train.remat='sometimes' must be one of none, selective, full (or true/false)"),
     (["sharding.replicate=head"], "error: sharding.replicate=head names unknown groups (head); choose from "
                                   "embed, attn, mlp"),
@@ -378,3 +381,70 @@ def test_plan_cli_attention_flash_is_planned_with_flash(tmp_path, capsys):
     assert (objs["naive"]["attention"], objs["flash"]["attention"]) == ("naive", "flash")
     act = {a: o["memory_breakdown_bytes"]["activations"] for a, o in objs.items()}
     assert act["flash"] < act["naive"]
+
+
+# --- hV2: what `jaxpar train plan=` takes from a plan, and where the device count comes from ------
+
+
+def test_a_plan_applies_its_accumulation_and_schedule(tmp_path):
+    """`jaxpar train plan=` applies exactly the plan: without a pipeline its M microbatches are
+    train.grad_accum; with one they are pipeline.microbatches, and the plan's schedule (1f1b,
+    circular) is the train config's, not the default gpipe. A plan file written before
+    pipeline.schedule existed (no "schedule" key) is a gpipe plan."""
+    plan = _small_plan(tmp_path)
+    plan.data.update({"mesh": {"data": 2, "fsdp": 1, "tensor": 4, "pipe": 1}, "microbatches": 4, "repeats": 1,
+                      "osdp": {g: "replicated" for g in ("embed", "attn", "mlp")}})
+    ov = plan_to_overrides(plan, 8)
+    assert (ov["train.grad_accum"], ov["pipeline.microbatches"], ov["mesh.data"]) == ("4", "1", "2")
+    cfg = validate(apply_overrides(Config(), {"model": "gpt2-tiny", "train.batch_size": "16", **ov}))
+    assert (cfg.train.grad_accum, cfg.pipeline.microbatches) == (4, 1)
+    plan.data.update({"mesh": {"data": 4, "fsdp": 1, "tensor": 1, "pipe": 2}, "microbatches": 4, "repeats": 1,
+                      "schedule": "1f1b", "layers_per_stage": [1, 1]})
+    ov = plan_to_overrides(plan, 8)
+    assert {k: ov[k] for k in ("pipeline.schedule", "pipeline.microbatches", "train.grad_accum")} == \
+        {"pipeline.schedule": "1f1b", "pipeline.microbatches": "4", "train.grad_accum": "1"}
+    cfg = validate(apply_overrides(Config(), {"model": "gpt2-tiny", "train.batch_size": "16", **ov}))
+    assert (cfg.pipeline.schedule, cfg.pipeline.microbatches, cfg.mesh.pipe) == ("1f1b", 4, 2)
+    del plan.data["schedule"]  # an older plan file
+    assert plan.strategy.schedule == "gpipe" and plan_to_overrides(plan, 8)["pipeline.schedule"] == "gpipe"
+
+
+def test_save_plan_into_a_folder_not_made_yet(tmp_path):
+    """out=DIR/ (trailing separator, DIR not there yet) writes DIR/plan.json, as out=DIR does for a
+    folder that exists."""
+    plan = _small_plan(tmp_path)
+    out = str(tmp_path / "new") + "/"
+    assert save_plan(plan, out) == str(tmp_path / "new" / "plan.json")
+    assert load_plan(str(tmp_path / "new" / "plan.json")).data == plan.data
+
+
+def test_devices_at_hand_without_a_device_count(monkeypatch, tmp_path):
+    """No forced count, no GPU plugin: explicit mesh sizes give the count only when none is -1 (a
+    -1 fills whatever is there); otherwise 1 for plan=auto and, for a plan file, the plan's own
+    count (a CPU-only host emulates any count)."""
+    import jaxpar.planner.apply as ap
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.setattr(ap, "_has_gpu_plugin", lambda: False)
+    base = validate(apply_overrides(Config(), {"model": "gpt2-tiny"}))
+    assert ap.devices_at_hand(apply_overrides(base, {"mesh.data": "2", "mesh.tensor": "2"})) == (4, "cpu")
+    assert ap.devices_at_hand(apply_overrides(base, {"mesh.data": "-1", "mesh.tensor": "2"})) == (1, "cpu")
+    plan = _small_plan(tmp_path)  # made for 8 devices
+    assert ap.devices_at_hand(base, plan) == (8, "cpu") and ap.devices_at_hand(base) == (1, "cpu")
+
+
+def test_a_plan_missing_a_key_is_one_error_line(tmp_path):
+    """load_plan checks the keys a plan's strategy needs; one missing a key read later (here
+    "precision") is still a one-line ConfigError of `jaxpar train plan=`, not a KeyError traceback."""
+    from dataclasses import replace
+
+    from jaxpar.planner.apply import apply_plan
+
+    plan = _small_plan(tmp_path)
+    del plan.data["precision"]
+    path = save_plan(plan, str(tmp_path / "old.json"))
+    cfg = validate(apply_overrides(Config(), {"model": "gpt2-tiny", "train.batch_size": "16", "train.seq_len": "64",
+                                              "precision": "fp32"}))
+    with pytest.raises(ConfigError) as e:
+        apply_plan(replace(cfg, plan=path), n_devices=8)
+    assert str(e.value) == f"plan={path!r} could not be applied ('precision')"

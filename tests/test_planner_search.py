@@ -232,3 +232,32 @@ def test_equal_step_times_rank_the_lighter_plan_first():
     assert (a.strategy.data, a.strategy.fsdp) == (1, 2) and (b.strategy.data, b.strategy.fsdp) == (2, 1)
     for x, y in zip(res.ranked, res.ranked[1:]):
         assert (x.step_time_s, x.memory["total"]) <= (y.step_time_s, y.memory["total"])
+
+
+# --- hV2: what the search offers must be what jaxpar train can run -----------------------------
+
+
+def test_options_offer_only_splits_train_can_run():
+    """Per mesh, the search tries only vocab_chunks that divide seq_len and mlp_chunks whose chunks
+    split evenly over tensor (jaxpar.ops.chunked_mlp); anything else is a plan train refuses."""
+    from jaxpar.planner.search import _options
+
+    split = lambda w, mesh, space: {(vc, mc) for *_, opts in _options(w, mesh, space) for _, vc, mc in opts}  # noqa: E731
+    assert split(Workload(POW2, 8, 12), (8, 1, 1, 1), SearchSpace()) == {(1, 1), (1, 4)}  # 8 does not divide 12
+    assert split(Workload(POW2, 8, 16), (8, 1, 1, 1), SearchSpace()) == {(1, 1), (1, 4), (8, 1), (8, 4)}
+    d12 = ModelConfig(n_layer=8, n_embd=12, n_head=4, vocab_size=64, n_positions=64)  # 4·12 = 48 hidden units
+    space = SearchSpace(vocab_chunks=(1,), mlp_chunks=(1, 8))
+    assert split(Workload(d12, 8, 16), (2, 1, 4, 1), space) == {(1, 1)}  # 8 chunks of 6 do not split over 4
+    assert split(Workload(d12, 8, 16), (2, 1, 2, 1), space) == {(1, 1), (1, 8)}  # ... but over 2 they do
+
+
+def test_pruned_runners_up_are_the_unpruned_top_k():
+    """The ranked list (best per mesh, fastest first) is exact down to the k-th entry: pruning
+    bounds a mesh by the k-th best time found so far, never by the best one. Reference: the same
+    search with top_k above the mesh count, where the bound stays infinite (nothing is pruned)."""
+    w, limit = Workload(POW2, 32, 512), 0.25 * 2**30
+    full = search(w, 16, H100, limit, SearchSpace(), top_k=10**6)
+    assert len(full.ranked) > 4
+    for k in (2, 4):
+        res = search(w, 16, H100, limit, SearchSpace(), top_k=k)
+        assert [(e.strategy, e.step_time_s) for e in res.ranked] == [(e.strategy, e.step_time_s) for e in full.ranked[:k]]
