@@ -434,17 +434,25 @@ def test_devices_at_hand_without_a_device_count(monkeypatch, tmp_path):
 
 
 def test_a_plan_missing_a_key_is_one_error_line(tmp_path):
-    """load_plan checks the keys a plan's strategy needs; one missing a key read later (here
-    "precision") is still a one-line ConfigError of `jaxpar train plan=`, not a KeyError traceback."""
+    """load_plan checks every key `jaxpar train plan=` reads: a plan missing "precision" (read
+    only when the plan is checked against the config) is one ConfigError line naming it, not a
+    KeyError traceback."""
     from dataclasses import replace
 
     from jaxpar.planner.apply import apply_plan
 
+    cfg = validate(apply_overrides(Config(), {"model": "gpt2-tiny", "train.batch_size": "16", "train.seq_len": "64",
+                                              "precision": "fp32"}))
     plan = _small_plan(tmp_path)
     del plan.data["precision"]
     path = save_plan(plan, str(tmp_path / "old.json"))
-    cfg = validate(apply_overrides(Config(), {"model": "gpt2-tiny", "train.batch_size": "16", "train.seq_len": "64",
-                                              "precision": "fp32"}))
     with pytest.raises(ConfigError) as e:
         apply_plan(replace(cfg, plan=path), n_devices=8)
-    assert str(e.value) == f"plan={path!r} could not be applied ('precision')"
+    assert str(e.value) == f"plan={path!r} is not a jaxpar plan (missing precision)"
+    # a key inside "model" is read only where the plan is turned into overrides
+    plan = _small_plan(tmp_path)
+    del plan.data["model"]["n_embd"]
+    path = save_plan(plan, str(tmp_path / "no_width.json"))
+    with pytest.raises(ConfigError) as e:
+        apply_plan(replace(cfg, plan=path), n_devices=8)
+    assert str(e.value) == f"plan={path!r} could not be applied ('n_embd')"

@@ -124,8 +124,8 @@ def load_plan(path: str) -> Plan:
     except json.JSONDecodeError as e:
         raise ConfigError(f"plan={path!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
     # any JSON value may stand there: `k in 5` was a TypeError traceback, `k in "..."` a substring test
-    missing = [k for k in ("devices", "mesh", "microbatches", "repeats", "remat", "model")
-               if not isinstance(data, dict) or k not in data]
+    missing = [k for k in ("devices", "mesh", "microbatches", "repeats", "remat", "model", "batch_size", "seq_len",
+                           "precision") if not isinstance(data, dict) or k not in data]
     if missing:
         raise ConfigError(f"plan={path!r} is not a jaxpar plan (missing {', '.join(missing)})")
     return Plan(data)

@@ -1763,8 +1763,13 @@ MUTANTS: list[Mutant] = [
            (T + "test_planner_cli.py::test_devices_at_hand_without_a_device_count",)),
     Mutant("plan_missing_key_traceback", "planner", "jaxpar/planner/apply.py",
            "except (KeyError, TypeError, ValueError) as e:", "except (TypeError, ValueError) as e:",
-           "a plan file missing a key load_plan does not check (batch_size, seq_len, precision) ends "
-           "`jaxpar train plan=` with a KeyError traceback, not one error line",
+           "a plan file whose model lacks a key (n_embd) ends `jaxpar train plan=` with a KeyError traceback, "
+           "not one error line",
+           (T + "test_planner_cli.py::test_a_plan_missing_a_key_is_one_error_line",)),
+    Mutant("plan_precision_not_checked_on_load", "planner", "jaxpar/planner/plan.py",
+           '"seq_len",\n                           "precision") if', '"seq_len",\n                           ) if',
+           "load_plan accepts a plan without \"precision\": `jaxpar train plan=` then fails later with a bare "
+           "KeyError message ('precision') instead of naming the missing key",
            (T + "test_planner_cli.py::test_a_plan_missing_a_key_is_one_error_line",)),
     Mutant("plan_cpu_host_counts_one_device", "planner", "jaxpar/planner/apply.py",
            'return (plan.devices if plan is not None else 1), "cpu"', 'return 1, "cpu"',
