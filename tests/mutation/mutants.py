@@ -1704,6 +1704,18 @@ MUTANTS: list[Mutant] = [
            "s = np.asarray(step, dtype=np.float64)", "s = np.asarray(step, dtype=np.float32)",
            "torchref's schedule computes in float32, not the float64 its docstring states (lr off by ~1e-8 relative)",
            (T + "test_properties_schedule.py",)),
+    Mutant("metrics_step_overflow_traceback", "rundir", "jaxpar/metrics.py",
+           "    except (ValueError, TypeError, KeyError, OverflowError, RecursionError):",
+           "    except (ValueError, TypeError, KeyError, RecursionError):",
+           "a metrics.jsonl line {\"step\": Infinity} ends resume=true with an OverflowError traceback (exit 1) "
+           "instead of being dropped as a foreign line (the bug test_properties_metrics found)",
+           (T + "test_properties_metrics.py",)),
+    Mutant("metrics_step_deep_json_traceback", "rundir", "jaxpar/metrics.py",
+           "    except (ValueError, TypeError, KeyError, OverflowError, RecursionError):",
+           "    except (ValueError, TypeError, KeyError, OverflowError):",
+           "a metrics.jsonl line nested deeper than json's recursion limit ends resume=true with a RecursionError "
+           "traceback instead of being dropped",
+           (T + "test_properties_metrics.py",)),
 ]
 
 
