@@ -1716,6 +1716,13 @@ MUTANTS: list[Mutant] = [
            "a metrics.jsonl line nested deeper than json's recursion limit ends resume=true with a RecursionError "
            "traceback instead of being dropped",
            (T + "test_properties_metrics.py",)),
+    Mutant("checkpoint_steps_unicode_digits", "rundir", "jaxpar/rundir.py",
+           "                  if n.isascii() and n.isdigit() and os.path.isdir(os.path.join(d, n)))",
+           "                  if n.isdigit() and os.path.isdir(os.path.join(d, n)))",
+           "a dir named '\u00b2' under <out>/ckpt ends every jaxpar train into that out with a ValueError traceback "
+           "(str.isdigit takes it, int() does not), and one named in Arabic-Indic digits counts as a step "
+           "(the bug test_properties_metrics found)",
+           (T + "test_properties_metrics.py",)),
 ]
 
 
