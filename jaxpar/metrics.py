@@ -16,11 +16,12 @@ METRICS_FILE = "metrics.jsonl"
 
 def _step_of(line: str) -> int | None:
     """The step of one metrics line; None for a torn or foreign line (a kill -9 mid-write
-    leaves the last line cut short)."""
+    leaves the last line cut short). Foreign lines include `{"step": Infinity}` (json reads it as
+    float inf: int() raises OverflowError) and nesting deeper than json's recursion limit."""
     try:
         rec = json.loads(line)
         return int(rec["step"])
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError):
         return None
 
 

@@ -28,11 +28,14 @@ SHAPE_KEYS = ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions")
 
 
 def checkpoint_steps(out: str) -> list[int]:
-    """Step dirs under `<out>/ckpt` (complete or not; orbax's temporaries have non-numeric names)."""
+    """Step dirs under `<out>/ckpt` (complete or not; orbax's temporaries have non-numeric names).
+    A step dir is named str(step): ASCII digits. str.isdigit alone also takes '²' (int() raises:
+    a ValueError traceback) and Arabic-Indic digits (counted as a step no checkpoint wrote)."""
     d = os.path.join(out, CKPT_DIR)
     if not os.path.isdir(d):
         return []
-    return sorted(int(n) for n in os.listdir(d) if n.isdigit() and os.path.isdir(os.path.join(d, n)))
+    return sorted(int(n) for n in os.listdir(d)
+                  if n.isascii() and n.isdigit() and os.path.isdir(os.path.join(d, n)))
 
 
 def is_restartable(out: str) -> bool:

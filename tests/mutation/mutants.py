@@ -35,6 +35,8 @@ RESUME = T + "test_train_cli.py::test_sigterm_then_resume_is_bit_identical"
 SIGKILL = T + "test_train_cli.py::test_sigkill_resumes_from_last_complete_checkpoint"
 TRAIN100 = T + "test_train_cli.py::test_loss_falls_30_percent_in_100_steps"
 SAMPLE = T + "test_train_cli.py::test_sample_is_deterministic"
+PROPS = T + "test_properties_data_config.py"  # hX2
+PROPS_PLAN = T + "test_properties_planner.py"
 
 MUTANTS: list[Mutant] = [
     # ------------------------------------------------------------- a write the run cannot make (disk full)
@@ -1862,6 +1864,91 @@ MUTANTS: list[Mutant] = [
            "the GPipe/circular schedule table marks stage-iterations of microbatch M (one past the last) busy",
            (T + "test_pipeline.py::test_schedule_counts_match_theory",
             T + "test_pipeline.py::test_circular_feedback_arrives_before_it_is_needed")),
+    # ------------------------------------------------------------- hX2: property-based tests over large input spaces
+    Mutant("val_batch_reads_train", "data", "gpt2common/data.py",
+           "return get_batch(ds.val, batch_offsets(len(ds.val)", "return get_batch(ds.train, batch_offsets(len(ds.val)",
+           "validation batches are cut from the training split (val loss measured on training data)",
+           (PROPS + "::test_batches_are_in_range_windows_and_pure_functions_of_seed_and_step",)),
+    Mutant("eval_windows_cap_not_min", "data", "gpt2common/data.py",
+           "        n = min(n, max_windows)", "        n = max_windows",
+           "eval.windows larger than the windows the data holds reads past the end (IndexError traceback)",
+           (PROPS + "::test_eval_windows_tile_the_split_without_gaps",)),
+    Mutant("prepare_val_can_be_empty", "data", "gpt2common/data.py",
+           "n_val = max(int(len(ids) * VAL_FRACTION), 1)", "n_val = int(len(ids) * VAL_FRACTION)",
+           "an input under 10 tokens gets no val split: ids[-0:] puts every token in val.bin and none in train.bin",
+           (PROPS + "::test_prepare_splits_any_bytes_into_train_and_val_that_concatenate_back",)),
+    Mutant("byte_encode_latin1", "data", "gpt2common/data.py",
+           'raw = text if isinstance(text, bytes) else text.encode("utf-8")',
+           'raw = text if isinstance(text, bytes) else text.encode("latin-1", errors="replace")',
+           "the byte tokenizer encodes text as Latin-1: every non-Latin-1 character becomes '?' (ASCII text unchanged)",
+           (PROPS + "::test_the_byte_tokenizer_round_trips_any_text_and_keeps_any_bytes",)),
+    Mutant("bool_on_not_true", "config", "gpt2common/grammar.py",
+           'if s in ("true", "1", "yes", "on"):', 'if s in ("true", "1", "yes"):',
+           "resume=on (a boolean spelling the grammar documents) is refused as not a boolean",
+           (PROPS + "::test_any_key_value_set_reads_as_typed_and_round_trips_through_config_json",)),
+    Mutant("tuple_parens_not_stripped", "config", "gpt2common/grammar.py",
+           'raw = raw.strip().strip("[]()")', 'raw = raw.strip().strip("[]")',
+           "pipeline.layers_per_stage=(2,1) (tuple spelling) is refused as not an integer",
+           (PROPS + "::test_any_key_value_set_reads_as_typed_and_round_trips_through_config_json",)),
+    Mutant("from_dict_keeps_json_lists", "config", "jaxpar/config.py",
+           'kw[k] = SECTIONS[k](**{kk: parse_value(types_[kk], vv, f"{k}.{kk}") if vv is not None else None',
+           "kw[k] = SECTIONS[k](**{kk: vv if vv is not None else None",
+           "a reloaded config.json keeps JSON lists where the Config holds tuples (a resumed run's config != the saved one)",
+           (PROPS + "::test_any_key_value_set_reads_as_typed_and_round_trips_through_config_json",)),
+    Mutant("mesh_wildcard_divides_by_lt", "mesh", "jaxpar/layout.py",
+           "        if n_devices % fixed:", "        if n_devices < fixed:",
+           "mesh.data=-1 mesh.tensor=3 on 8 devices fills data=2 (6 devices) instead of the not-divisible line",
+           (PROPS + "::test_mesh_sizes_resolve_to_the_device_count_or_name_it",)),
+    Mutant("mesh_size_below_minus_one_accepted", "mesh", "jaxpar/config.py",
+           "bad = {k: v for k, v in mesh.items() if v == 0 or v < -1}",
+           "bad = {k: v for k, v in mesh.items() if v == 0 or v < -2}",
+           "mesh.data=-2 passes the size rule (a product line with a negative device count instead of the rule)",
+           (PROPS + "::test_mesh_sizes_that_no_device_count_fits_are_named",)),
+    Mutant("planner_microbatch_not_divisor", "planner-search", "jaxpar/planner/search.py",
+           "ms = [k for k in divisors(b_rep) if k <= space.max_microbatches]",
+           "ms = [k for k in range(1, b_rep + 1) if k <= space.max_microbatches]",
+           "the planner proposes microbatch counts that do not divide the replica batch (jaxpar train refuses the plan)",
+           (PROPS_PLAN + "::test_a_plan_fits_its_limit_and_is_a_config_train_accepts",)),
+    Mutant("planner_fits_one_percent_over", "planner-cost", "jaxpar/planner/cost.py",
+           'fits = memory_limit is None or mem["total"] <= memory_limit',
+           'fits = memory_limit is None or mem["total"] <= memory_limit * 1.01',
+           "plans up to 1% over memory_limit are returned as fitting",
+           (PROPS_PLAN + "::test_a_plan_fits_its_limit_and_is_a_config_train_accepts",)),
+    Mutant("planner_no_rerun_when_nothing_fits", "planner-search", "jaxpar/planner/search.py",
+           "    if not best and floored:", "    if False and floored:",
+           "when floor pruning skipped every mesh, `jaxpar plan` says no mesh exists (or names a need that is not the least)",
+           (PROPS_PLAN + "::test_a_plan_fits_its_limit_and_is_a_config_train_accepts",)),
+    Mutant("stage_pad_repeats_first_layer", "partition", "jaxpar/layout.py",
+           "        index[r, s, n:] = b - 1", "        index[r, s, n:] = a",
+           "a short stage's pad slots gather its first layer instead of its last (the layout's documented padding)",
+           (PROPS_PLAN + "::test_an_even_chain_splits_into_stages_a_layer_apart_placed_once_each",)),
+    Mutant("manual_split_zero_layer_stage", "partition", "jaxpar/parallel/partition.py",
+           "    bad = [v for v in lps if v < 1]", "    bad = [v for v in lps if v < 0]",
+           "pipeline.layers_per_stage=[2,0,2] (an empty stage) is accepted",
+           (PROPS_PLAN + "::test_a_manual_split_is_taken_as_written_or_named_in_one_line",)),
+    Mutant("lr_at_float32", "torchref-single", "torchref/model.py",
+           "s = np.asarray(step, dtype=np.float64)", "s = np.asarray(step, dtype=np.float32)",
+           "torchref's schedule computes in float32, not the float64 its docstring states (lr off by ~1e-8 relative)",
+           (T + "test_properties_schedule.py",)),
+    Mutant("metrics_step_overflow_traceback", "rundir", "jaxpar/metrics.py",
+           "    except (ValueError, TypeError, KeyError, OverflowError, RecursionError):",
+           "    except (ValueError, TypeError, KeyError, RecursionError):",
+           "a metrics.jsonl line {\"step\": Infinity} ends resume=true with an OverflowError traceback (exit 1) "
+           "instead of being dropped as a foreign line (the bug test_properties_metrics found)",
+           (T + "test_properties_metrics.py",)),
+    Mutant("metrics_step_deep_json_traceback", "rundir", "jaxpar/metrics.py",
+           "    except (ValueError, TypeError, KeyError, OverflowError, RecursionError):",
+           "    except (ValueError, TypeError, KeyError, OverflowError):",
+           "a metrics.jsonl line nested deeper than json's recursion limit ends resume=true with a RecursionError "
+           "traceback instead of being dropped",
+           (T + "test_properties_metrics.py",)),
+    Mutant("checkpoint_steps_unicode_digits", "rundir", "jaxpar/rundir.py",
+           "                  if n.isascii() and n.isdigit() and os.path.isdir(os.path.join(d, n)))",
+           "                  if n.isdigit() and os.path.isdir(os.path.join(d, n)))",
+           "a dir named '\u00b2' under <out>/ckpt ends every jaxpar train into that out with a ValueError traceback "
+           "(str.isdigit takes it, int() does not), and one named in Arabic-Indic digits counts as a step "
+           "(the bug test_properties_metrics found)",
+           (T + "test_properties_metrics.py",)),
 ]
 
 
@@ -1898,4 +1985,10 @@ EQUIVALENT: list[Equivalent] = [
     Equivalent("jaxpar/mixed_attention.py", "b = max(_BLOCK, -(-T // _MAX_BLOCKS))", "b = max(_BLOCK, T // _MAX_BLOCKS)",
                "floor(T/8) and ceil(T/8) rows give different block counts only where one of them divides T with "
                "T >= 2b, which needs T = 8b, where they agree (checked T = 1..200000; hU2)"),
+    Equivalent("jaxpar/planner/plan.py", 'if s.repeats == 1 and d.get("layers_per_stage"):',
+               'if False and d.get("layers_per_stage"):',
+               "plan_to_overrides leaves pipeline.layers_per_stage out: jaxpar train then partitions the layers itself, "
+               "and the planner's split (cost._pipeline_split) is that same uniform-cost partition_layers call (unit cost 1.0 "
+               "vs layout.layer_cost, an integer-valued float: both prefix sums are exact multiples), so the stages are "
+               "the same; test_properties_planner's drawn plans pass with it (hX2)"),
 ]
