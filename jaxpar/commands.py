@@ -70,7 +70,9 @@ def prepare(argv: list[str]) -> int:
                           "choose a new out= or delete it first")
     src = kv.get("input", "")
     text = data.builtin_text() if not src else data.read_input(src)
-    meta = data.prepare(text, kv["out"], kv.get("tokenizer", "byte"), source=src or data.BUILTIN_CORPUS)
+    # each split must hold one window of the shortest sequence (seq_len 1: 2 tokens), or the
+    # first run on it stops at an empty train.bin
+    meta = data.prepare(text, kv["out"], kv.get("tokenizer", "byte"), source=src or data.BUILTIN_CORPUS, min_tokens=2)
     print(json.dumps(meta))
     return 0
 

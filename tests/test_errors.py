@@ -94,6 +94,22 @@ def test_bad_yaml_config(tmp_path):
         f"error: config file {str(tmp_path / 'missing.yaml')!r} does not exist"
 
 
+def test_prepare_refuses_text_too_short_for_two_splits(tmp_path):
+    """An input that leaves a split without one window of seq_len 1 (2 tokens) is refused before
+    anything is written: 1 byte gave an empty train.bin, and the first run on it stopped there."""
+    src = tmp_path / "one.txt"
+    for text, split in ((b"a", "0 train, 1 val"), (b"abc", "2 train, 1 val")):
+        src.write_bytes(text)
+        r = run(["prepare", f"input={src}", f"out={tmp_path / 'prep'}"])
+        assert r.returncode == 2
+        assert err(r) == (f"error: data={str(src)!r} gives {len(text)} tokens ({split}); each split needs at least "
+                          "train.seq_len+1=2")
+        assert not (tmp_path / "prep").exists()
+    src.write_bytes(b"abcdefghijklmnopqrst")  # 18 train, 2 val: the least that splits
+    assert run(["prepare", f"input={src}", f"out={tmp_path / 'prep'}"]).returncode == 0
+    assert (tmp_path / "prep" / "val.bin").stat().st_size == 2 * 2
+
+
 def test_prepare_refuses_a_prepared_dir(tmp_path):
     """A second prepare into the same out= (a run may be training from it) is refused and rewrites nothing."""
     d = tmp_path / "prep"

@@ -1773,6 +1773,10 @@ MUTANTS: list[Mutant] = [
            "load_plan accepts a plan without \"precision\": `jaxpar train plan=` then fails later with a bare "
            "KeyError message ('precision') instead of naming the missing key",
            (T + "test_planner_cli.py::test_a_plan_missing_a_key_is_one_error_line",)),
+    Mutant("prepare_cli_accepts_empty_split", "data", "jaxpar/commands.py",
+           "source=src or data.BUILTIN_CORPUS, min_tokens=2)", "source=src or data.BUILTIN_CORPUS)",
+           "`jaxpar prepare` on a 1-byte input writes an empty train.bin (exit 0); the first run on it stops there",
+           (T + "test_errors.py::test_prepare_refuses_text_too_short_for_two_splits",)),
     Mutant("plan_cpu_host_counts_one_device", "planner", "jaxpar/planner/apply.py",
            'return (plan.devices if plan is not None else 1), "cpu"', 'return 1, "cpu"',
            "on a CPU-only host with no mesh sizes, plan=plan.json is refused (made for 8, 1 available) instead "
