@@ -148,13 +148,15 @@ def test_load_plan_errors(tmp_path):
     assert str(e.value) == f"plan={str(tmp_path / 'nope.json')!r} does not exist"
     bad = tmp_path / "bad.json"
     bad.write_text('{"devices": 8}')
-    with pytest.raises(ConfigError, match=r"is not a jaxpar plan \(missing mesh, microbatches, repeats, remat, model\)$"):
+    with pytest.raises(ConfigError, match=r"is not a jaxpar plan \(missing mesh, microbatches, repeats, remat, model, batch_size, seq_len, "
+                                         r"precision\)$"):
         load_plan(str(bad))
     for doc in ("5", '"devices mesh microbatches repeats remat model"', "[]"):  # JSON, but not an object
         bad.write_text(doc)
         with pytest.raises(ConfigError) as e:
             load_plan(str(bad))
-        assert str(e.value) == f"plan={str(bad)!r} is not a jaxpar plan (missing devices, mesh, microbatches, repeats, remat, model)"
+        assert str(e.value) == (f"plan={str(bad)!r} is not a jaxpar plan (missing devices, mesh, microbatches, "
+                                "repeats, remat, model, batch_size, seq_len, precision)")
 
 
 def test_apply_plan_for_train(tmp_path, monkeypatch):
