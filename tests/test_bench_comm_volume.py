@@ -1,25 +1,15 @@
 """benchmarks/comm_volume.py's arithmetic on a stand-in compiled step (no compile): the measured
 totals, the ratio to theory and the largest ops. Reference: the planted op list. (hW2)"""
 
-import importlib.util
-import os
 from types import SimpleNamespace
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_module import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    # the module sets XLA_FLAGS / JAX_PLATFORMS defaults for its own runs: keep them out of this process
-    saved = dict(os.environ)
-    spec = importlib.util.spec_from_file_location("comm_volume", os.path.join(ROOT, "benchmarks", "comm_volume.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    os.environ.clear()
-    os.environ.update(saved)
-    return mod
+    return load_benchmark("comm_volume")
 
 
 def test_measure_ranks_ops_by_bytes_times_repeats_and_divides_by_theory(bench, monkeypatch):

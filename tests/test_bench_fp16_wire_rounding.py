@@ -1,25 +1,18 @@
 """benchmarks/fp16_wire_rounding.py: the element masks of its rounding modes, and (slow) the figures
 the `torchref.fp16wire.loss` why text quotes from it (no timing asserted)."""
 
-import importlib.util
 import json
-import os
 
 import numpy as np
 import pytest
+from bench_module import load_benchmark
 
 from jaxpar.tolerances import LOSS_RTOL_FP16_WIRE, LOSS_RTOL_FP32
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("fp16_wire_rounding",
-                                                  os.path.join(ROOT, "benchmarks", "fp16_wire_rounding.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("fp16_wire_rounding")
 
 
 def test_each_mode_rounds_exactly_its_elements(bench):

@@ -3,26 +3,15 @@ errors are predicted / measured - 1, and the planner is asked about the row's ow
 (grad accumulation as its microbatches). Reference: the planted measurements and the planner's
 own estimate of the same strategy. (hW2)"""
 
-import importlib.util
-import os
 from types import SimpleNamespace
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_module import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    # the module sets XLA_FLAGS / JAX_PLATFORMS defaults for its own runs: keep them out of this process
-    saved = dict(os.environ)
-    spec = importlib.util.spec_from_file_location("planner_accuracy",
-                                                  os.path.join(ROOT, "benchmarks", "planner_accuracy.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    os.environ.clear()
-    os.environ.update(saved)
-    return mod
+    return load_benchmark("planner_accuracy")
 
 
 def test_row_errors_are_predicted_over_measured(bench, monkeypatch):

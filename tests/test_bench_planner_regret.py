@@ -1,23 +1,13 @@
 """benchmarks/planner_regret.py: the candidate set and the figures it reports (no timing asserted)."""
 
-import importlib.util
-import os
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_module import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    # the module sets XLA_FLAGS / JAX_PLATFORMS defaults for its own runs: keep them out of this process
-    saved = dict(os.environ)
-    spec = importlib.util.spec_from_file_location("planner_regret", os.path.join(ROOT, "benchmarks", "planner_regret.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    os.environ.clear()
-    os.environ.update(saved)
-    return mod
+    return load_benchmark("planner_regret")
 
 
 def test_regret_and_rank_correlation(bench):

@@ -2,19 +2,13 @@
 the conversion to model FLOPs, and two rows (one without, one with a pipeline) within 15%."""
 
 import dataclasses
-import importlib.util
-import os
-import sys
 
 import pytest
+from bench_module import load_benchmark
 
 from jaxpar.planner.devices import get_device
 
-_path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "published_configs.py")
-_spec = importlib.util.spec_from_file_location("published_configs", _path)
-P = importlib.util.module_from_spec(_spec)
-sys.modules["published_configs"] = P  # its dataclasses resolve annotations through sys.modules
-_spec.loader.exec_module(P)
+P = load_benchmark("published_configs")
 
 
 def test_published_figure_in_model_flops():
