@@ -180,11 +180,10 @@ def collective_bytes(hlo_text: str) -> dict[str, Any]:
             return
         mult[c] = mult.get(c, 0.0) + k
         for ins in comps[c]:
-            for callee, n in _callees(ins):
-                if n == -1:
-                    unknown += 1
-                    n = 1
-                visit(callee, k * n, seen + (c,))
+            callees = _callees(ins)
+            unknown += any(n == -1 for _, n in callees)  # one loop (body and condition both unknown) counts once
+            for callee, n in callees:
+                visit(callee, k * (1 if n == -1 else n), seen + (c,))
 
     if mod["entry"]:
         visit(mod["entry"], 1.0)

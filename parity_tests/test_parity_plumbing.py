@@ -155,6 +155,36 @@ def test_report_model_row_fails_when_any_adamw_step_is_off():
     json.dumps(row)  # the report writes it as JSON
 
 
+def test_report_model_row_judges_each_check_by_its_own_bound():
+    """Each model check fails just over its own bound and passes at it (hZ2: the loss was judged by the
+    logits bound, 2.5x looser). Bounds: parity_tests/tolerances.MODEL."""
+    from parity_tests.tolerances import MODEL
+
+    def row(**kw):
+        at = dict(logits_abs=MODEL["logits_abs"], loss_rel=MODEL["loss_rel"], grad_rel={"a": MODEL["grad_rel"]},
+                  update_rel={1: {"a": MODEL["update_rel"]}, 3: {"a": 0.0}})
+        return report.model_row("planted", ModelParity(model={}, loss_jax=1.0, loss_torch=1.0, grad_norm=1.0,
+                                                       n_params=1, **{**at, **kw}))
+
+    assert row()["checks"] == {"logits": True, "loss": True, "grad": True, "adamw": True}
+    over = 1.01  # just over each bound (the loss one, 8e-7, is 2.5x under the logits and grad ones)
+    for k, kw, check in (("logits_abs", dict(logits_abs=over * MODEL["logits_abs"]), "logits"),
+                         ("loss_rel", dict(loss_rel=over * MODEL["loss_rel"]), "loss"),
+                         ("grad_rel", dict(grad_rel={"a": over * MODEL["grad_rel"]}), "grad"),
+                         ("update_rel", dict(update_rel={1: {"a": 0.0}, 3: {"a": over * MODEL["update_rel"]}}), "adamw")):
+        r = row(**kw)
+        assert [c for c, ok in r["checks"].items() if not ok] == [check] and r["pass"] is False, k
+
+
+def test_report_fails_on_a_failed_model_row(tmp_path, monkeypatch):
+    """A failed model-parity row fails the whole report (hZ2: the overall verdict read only the matrix)."""
+    _planted_report(monkeypatch, [])
+    monkeypatch.setattr(report, "model_rows", lambda root: [{"pass": True}, {"pass": False}])
+    assert report.build(str(tmp_path), log=lambda m: None)["pass"] is False
+    monkeypatch.setattr(report, "model_rows", lambda root: [{"pass": True}, {"pass": True}])
+    assert report.build(str(tmp_path), log=lambda m: None)["pass"] is True
+
+
 def test_trajectory_diffs_of_example_06_fail_a_run_that_turns_nan():
     """examples/06_parity.py's verdict. Before hW2 its Python max() kept step 1's diff against the
     nan steps of a diverged run (lr 1e30: both sides nan from step 2) and it printed PASS, exit 0."""

@@ -158,3 +158,59 @@ def test_inspect_prints_the_layouts_warnings_on_stderr(monkeypatch, capsys):
     monkeypatch.setattr(I, "format_report", lambda cfg, i: "REPORT")
     assert I.run_inspect(None) == 0
     assert capsys.readouterr() == ('REPORT\n{"mesh":{"pipe":2},"ratio":1.0}\n', "warning: the bubble will dominate\n")
+
+
+@pytest.mark.parametrize("accum,schedule,ticks,ends", [
+    (2, "gpipe", 3, True),  # N = M + S - 1; the ends move the rows of one microstep, A times
+    (1, "1f1b", 4, False),  # N = M + 2S - 2 ticks, token ids go in: no ends
+    (2, "1f1b", 4, False),
+])
+def test_theory_pipeline_terms_per_microstep(accum, schedule, ticks, ends):
+    """The pipeline theory with train.grad_accum=A and each schedule (hZ2), closed forms for gpt2-tiny
+    (D=128) on data=4 x pipe=2, M=2, batch 16·A x 64, fp32: each microstep moves N permutes each way of one
+    (b=2, 64, 128) microbatch, plus (GPipe) the ends of its 16/4 = 4 rows per data replica. No compile."""
+    from jaxpar.config import PRESETS, Config, MeshConfig, PipelineConfig, TrainConfig
+    from jaxpar.inspect import theory_bytes
+
+    th = theory_bytes(Config(model=PRESETS["gpt2-tiny"], mesh=MeshConfig(data=4, pipe=2), precision="fp32",
+                             train=TrainConfig(batch_size=16 * accum, seq_len=64, grad_accum=accum),
+                             pipeline=PipelineConfig(microbatches=2, schedule=schedule)))
+    assert th["pipe"] == accum * (2 * ticks * 2 * 64 * 128 * 4 + ends * 2 * 3 * (1 / 2) * 4 * 64 * 128 * 4)
+
+
+_LOOP = """HloModule m, num_partitions=8
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%body (p: f32[1024]) -> f32[1024] {
+  %p = f32[1024]{0} parameter(0)
+  ROOT %ar = f32[1024]{0} all-reduce(%p), channel_id=1, replica_groups={}, use_global_device_ids=true, to_apply=%add
+}
+
+%cond (q: f32[1024]) -> pred[] {
+  %q = f32[1024]{0} parameter(0)
+  ROOT %c = pred[] constant(true)
+}
+
+ENTRY %main (x: f32[1024]) -> f32[1024] {
+  %x = f32[1024]{0} parameter(0)
+  ROOT %w = f32[1024]{0} while(%x), condition=%cond, body=%body TRIP
+}
+"""
+
+
+@pytest.mark.parametrize("trip,times,unknown", [
+    (', backend_config={"known_trip_count":{"n":"3"}}', 3, 0),
+    ("", 1, 1),  # counted once and reported as such: the report's note says the bytes are a lower bound
+])
+def test_loop_bodies_count_their_trips_and_unknown_trips_are_reported(trip, times, unknown):
+    """An all-reduce of f32[1024] over all 8 devices in a while body: 2·7/8·4096 bytes per trip (hZ2)."""
+    from jaxpar.inspect import collective_bytes
+
+    c = collective_bytes(_LOOP.replace(" TRIP", trip))
+    assert (c["ops"][0]["times"], c["unknown_trip_counts"]) == (times, unknown)
+    assert c["all-reduce"]["wire_bytes"] == times * 2 * 7 / 8 * 4096

@@ -64,6 +64,13 @@ def test_errors_exit_2_one_line(argv, msg, capsys, tmp_path):
     assert err == msg + "\n"
 
 
+def test_one_device_and_one_row_are_accepted(tmp_path, capsys):
+    """devices=1 and top=1 are the smallest values the usage allows (`_int`'s lower bound is inclusive; hZ2)."""
+    assert main(["model=gpt2-tiny", "devices=1", "top=1", "device=cpu", "train.batch_size=8", "train.seq_len=64",
+                 f"out={tmp_path}/plan.json", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mesh"] == {"data": 1, "fsdp": 1, "tensor": 1, "pipe": 1}
+
+
 def test_no_fit_exit_2_names_smallest_memory(capsys, tmp_path):
     rc = main(["model=gpt2-xl", "devices=8", "train.batch_size=64", "train.seq_len=1024", "memory_limit=1GB",
                f"out={tmp_path}/plan.json"])

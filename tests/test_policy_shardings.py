@@ -48,7 +48,8 @@ ACTIVATIONS = {  # lowered tensor type -> (name, logical axes)
 # 8 -> 1 row per device; 4 or 8 rows would mean the batch is not split over data x fsdp.
 COMPILED_SHAPES = ("bf16[1,32,512]", "f32[1,32,256]", "bf16[4,32,512]", "f32[4,32,256]", "bf16[8,32,512]",
                    "f32[8,32,256]")
-DRY = ["model=gpt2-tiny", "mesh.data=2", "mesh.fsdp=4", f"train.batch_size={B}", f"train.seq_len={T}"]
+# mesh.data=-1: the report must name the resolved mesh (data=2 on 8 devices), not the -1 (hZ2)
+DRY = ["model=gpt2-tiny", "mesh.data=-1", "mesh.fsdp=4", f"train.batch_size={B}", f"train.seq_len={T}"]
 REPLICATE = ["model=gpt2-tiny", "mesh.data=2", "mesh.fsdp=4", "sharding.replicate=embed,mlp", "precision=fp32",
              f"train.batch_size={B}", f"train.seq_len={T}", "train.grad_clip=0", "train.warmup_steps=0"]
 
@@ -283,6 +284,22 @@ def test_dry_run_prints_memory_and_bytes_and_writes_nothing(results):
     # the two biases with no embed dim, all-reduced over fsdp)
     assert 0.95 * th["total"] <= coll["total_wire_bytes"] <= 1.05 * th["total"], (coll, th)
     assert f"{coll['total_wire_bytes'] / 2**20:,.2f} MiB" in next(ln for ln in lines if ln.startswith("  total"))
+    # what the report prints is the JSON's numbers, each under its own label (hZ2): the resolved mesh,
+    # measured/theory (not its inverse), memory parts and each kind's payload and wire columns
+    assert info["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1, "pipe": 1}
+    assert info["ratio"] == coll["total_wire_bytes"] / th["total"]
+    assert lines[-2].endswith(f"; measured/theory = {info['ratio']:.3f}"), lines[-2]
+    mib = lambda x: f"{x / 2**20:,.2f} MiB"  # noqa: E731
+    assert lines[1] == (f"memory per device: total {mib(mem['total'])} (arguments {mib(mem['arguments'])}, outputs "
+                        f"{mib(mem['outputs'])}, aliased {mib(mem['aliased'])}, temp {mib(mem['temp'])})")
+    assert mib(mem["temp"]) != mib(mem["code"])  # (so a wrong key shows; outputs and aliased print alike)
+    rows = {ln.split()[0]: ln.split()[1:] for ln in lines if ln.startswith("  ") and ln.split()[0] in kinds}
+    assert set(rows) == {k for k in kinds if coll[k]["ops"]} and len(rows) >= 2
+    for k, cols in rows.items():
+        c = coll[k]
+        assert cols == [str(c["ops"]), f"{c['executions']:.0f}", mib(c["payload_bytes"])[:-4], "MiB",
+                        mib(c["wire_bytes"])[:-4], "MiB"], (k, cols, c)
+    assert coll["all-gather"]["payload_bytes"] != coll["all-gather"]["wire_bytes"]  # (3/4: the columns tell apart)
 
 
 def test_replicate_numerics_equal_hf_transformers(results):

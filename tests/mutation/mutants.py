@@ -1953,6 +1953,76 @@ MUTANTS: list[Mutant] = [
            "(str.isdigit takes it, int() does not), and one named in Arabic-Indic digits counts as a step "
            "(the bug test_properties_metrics found)",
            (T + "test_properties_metrics.py",)),
+    # ------------------------------------------------------------- hZ2: a sixth blind hunt (inspect, plan CLI,
+    # sharding, tolerances, parity report, examples 02 and 08: what the user-facing reports print must be true)
+    Mutant("inspect_ratio_inverted", "inspect", "jaxpar/inspect.py",
+           '"ratio": coll["total_wire_bytes"] / th["total"] if th["total"] else None',
+           '"ratio": th["total"] / coll["total_wire_bytes"] if th["total"] else None',
+           "`jaxpar inspect` prints (and writes in its JSON line) theory/measured as measured/theory",
+           (T + "test_policy_shardings.py::test_dry_run_prints_memory_and_bytes_and_writes_nothing",)),
+    Mutant("inspect_report_temp_reads_code_size", "inspect", "jaxpar/inspect.py",
+           "temp {_mib(mem['temp'])})", "temp {_mib(mem['code'])})",
+           "`jaxpar inspect`'s memory line prints the generated code's size as the temporaries",
+           (T + "test_policy_shardings.py::test_dry_run_prints_memory_and_bytes_and_writes_nothing",)),
+    Mutant("inspect_report_payload_column_is_wire", "inspect", "jaxpar/inspect.py",
+           "{d['executions']:>12.0f}{_mib(d['payload_bytes']):>16}",
+           "{d['executions']:>12.0f}{_mib(d['wire_bytes']):>16}",
+           "`jaxpar inspect`'s per-kind rows print each kind's wire bytes in the payload column",
+           (T + "test_policy_shardings.py::test_dry_run_prints_memory_and_bytes_and_writes_nothing",)),
+    Mutant("inspect_reports_the_unresolved_mesh", "inspect", "jaxpar/inspect.py",
+           '"mesh": dataclasses.asdict(trainer.cfg.mesh)', '"mesh": dataclasses.asdict(cfg.mesh)',
+           "`jaxpar inspect mesh.data=-1` reports the mesh as data=-1 (the config's, not the resolved one)",
+           (T + "test_policy_shardings.py::test_dry_run_prints_memory_and_bytes_and_writes_nothing",)),
+    Mutant("inspect_unknown_trip_count_not_noted", "inspect", "jaxpar/inspect.py",
+           "n = int(trip.group(1)) if trip else None", "n = int(trip.group(1)) if trip else 1",
+           "a while loop without a known trip count is counted once silently: unknown_trip_counts stays 0 and "
+           "`jaxpar inspect` drops its note that the bytes are a lower bound",
+           (T + "test_comm_bytes.py",)),
+    Mutant("inspect_unknown_loop_counted_per_callee", "inspect", "jaxpar/inspect.py",
+           "unknown += any(n == -1 for _, n in callees)", "unknown += sum(n == -1 for _, n in callees)",
+           "one while loop without a known trip count is noted as 2 loops (its body and its condition): the "
+           "code's own bug until hZ2",
+           (T + "test_comm_bytes.py::test_loop_bodies_count_their_trips_and_unknown_trips_are_reported",)),
+    Mutant("inspect_theory_pipe_ends_ignore_grad_accum", "inspect", "jaxpar/inspect.py",
+           "rows = tc.batch_size // (d * f * tc.grad_accum)", "rows = tc.batch_size // (d * f)",
+           "the pipeline's ends (embedded rows gathered, outputs reduced) count the whole batch once per "
+           "microstep: train.grad_accum=A multiplies that theory term by A",
+           (T + "test_comm_bytes.py",)),
+    Mutant("inspect_theory_1f1b_one_tick_more", "inspect", "jaxpar/inspect.py",
+           "N, ends = cfg.pipeline.microbatches + 2 * S - 2, 0.0", "N, ends = cfg.pipeline.microbatches + 2 * S - 1, 0.0",
+           "inspect's 1F1B theory counts M + 2S - 1 ticks (one permute each way too many per microstep)",
+           (T + "test_comm_bytes.py",)),
+    Mutant("plan_cli_refuses_its_minimum", "planner-apply", "jaxpar/planner/cli.py",
+           "    if v < lo:\n", "    if v <= lo:\n",
+           "`jaxpar plan devices=1` (or top=1) is refused with 'devices=1 must be >= 1'",
+           (T + "test_planner_cli.py::test_one_device_and_one_row_are_accepted",)),
+    Mutant("tolerances_grad_norm_bound_reads_loss_entry", "tolerances", "jaxpar/tolerances.py",
+           '"grad_norm": _v("multiprocess.fp32.grad_norm")}', '"grad_norm": _v("multiprocess.fp32.loss")}',
+           "the multi-process grad-norm comparison, measured bitwise equal (bound 0), runs under the loss's 3e-7",
+           (T + "test_tolerances.py",)),
+    Mutant("tolerances_chunked_bf16_not_doubled_off_native", "tolerances", "jaxpar/tolerances.py",
+           'CHUNKED_BF16_GRAD_L2 = _v("chunked.bf16.grad_l2", True)', 'CHUNKED_BF16_GRAD_L2 = _v("chunked.bf16.grad_l2")',
+           "on a host without native bf16 (AVX2) the chunked bf16 gradient bound is not doubled as the module "
+           "docstring and every other bf16 bound are",
+           (T + "test_tolerances.py",)),
+    Mutant("report_model_loss_judged_by_logits_bound", "parity", "parity_tests/report.py",
+           '"loss": r.loss_rel <= MODEL["loss_rel"]', '"loss": r.loss_rel <= MODEL["logits_abs"]',
+           "the parity report's model row judges the loss by the logits bound (2e-6, not 8e-7): a loss off "
+           "by 1e-6 passes",
+           (P + "test_parity_plumbing.py",)),
+    Mutant("report_overall_ignores_model_rows", "parity", "parity_tests/report.py",
+           'oks = [m["pass"] for m in rep.get("model_parity", [])] + [r["pass"] for r in rep["training"]["rows"]]',
+           'oks = [r["pass"] for r in rep["training"]["rows"]]',
+           "a failed model-parity row leaves the parity report's overall PASS (exit 0)",
+           (P + "test_parity_plumbing.py",)),
+    Mutant("example_08_grad_diff_against_itself", "examples", "examples/08_shard_your_own_model.py",
+           "np.abs(grads[k] - grads1[k]).max()", "np.abs(grads[k] - grads[k]).max()",
+           "examples/08 prints 'max rel. gradient diff 0.00e+00' whatever the sharded and one-device gradients are",
+           (T + "test_flax_model_sharding.py::test_example_08_prints_the_diffs_of_the_runs_it_saved",)),
+    Mutant("example_02_measured_is_payload", "examples", "examples/02_mesh_utilities.py",
+           "measured {coll['total_wire_bytes'] / 1024:.1f} KiB", "measured {coll['total_payload_bytes'] / 1024:.1f} KiB",
+           "examples/02 prints the collectives' payload as the measured bytes it compares with the ring theory",
+           (T + "test_mesh_examples.py::test_example_02_mesh_utilities",)),
 ]
 
 
@@ -1995,4 +2065,14 @@ EQUIVALENT: list[Equivalent] = [
                "and the planner's split (cost._pipeline_split) is that same uniform-cost partition_layers call (unit cost 1.0 "
                "vs layout.layer_cost, an integer-valued float: both prefix sums are exact multiples), so the stages are "
                "the same; test_properties_planner's drawn plans pass with it (hX2)"),
+    Equivalent("jaxpar/inspect.py", "{_mib(mem['outputs'])}, aliased {_mib(mem['aliased'])}",
+               "{_mib(mem['aliased'])}, aliased {_mib(mem['outputs'])}",
+               "the report prints MiB to 2 decimals, and a train step's outputs are its donated (aliased) state plus "
+               "a few scalars: both print the same figure (the JSON line keeps them apart; hZ2)"),
+    Equivalent("examples/08_shard_your_own_model.py", "for a, b in zip(losses, losses1))",
+               "for a, b in zip(losses, losses))",
+               "the example's printed loss diff, self-compared, prints 0.00e+00: so does the real one, the 3 "
+               "sharded losses being bitwise equal to the one-device ones on the AMD Zen 4 host; "
+               "test_example_08_prints_the_diffs_of_the_runs_it_saved compares the printed diff with the saved "
+               "runs', so a host where they differ catches it (hZ2)"),
 ]
