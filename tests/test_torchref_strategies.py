@@ -257,9 +257,9 @@ def test_single_ps_crash_rank_counts_workers_not_the_server(runner, tmp_path):
     from torchref.config import WorkerDied, resolve_ref
     from torchref.launch import train
 
-    data = runner("strategy=single").out / "data"
+    runner("strategy=single")  # warm imports, as test_dying_worker_stops_the_others_quickly
     cfg, ref = resolve_ref(BASE + ["strategy=single-ps", "workers=2", "debug.crash_rank=1", "debug.crash_step=1",
-                                   "timeout_s=60", f"data={data}", f"out={tmp_path}/crash"])
+                                   "timeout_s=60", f"out={tmp_path}/crash"])
     with pytest.raises(WorkerDied) as e:
         train(cfg, ref)
     assert str(e.value) == (f"strategy=single-ps: process rank 2 of 3 died (exit code 17); stopped the other 2 "
