@@ -206,3 +206,22 @@ def test_metrics_rows_count_tokens_and_progress_shows_the_last_step(tmp_path, ca
     assert [(r["step"], r["tokens_per_s"], r["strategy"]) for r in rows] == [(s, 128.0, "single") for s in range(1, 6)]
     assert capsys.readouterr().out == ("step 3/5  loss 2.0000  128 tok/s  500 ms\n"
                                        "step 5/5  loss 2.0000  128 tok/s  500 ms\n")
+
+
+def test_seq_len_may_fill_the_context_but_not_exceed_it():
+    """train.seq_len == model.n_positions is a full-context window (jaxpar accepts it too); one more is refused."""
+    cfg, _ = resolve_ref(["model=gpt2-tiny", "train.seq_len=256", "train.batch_size=8"])
+    assert (cfg.train.seq_len, cfg.model.n_positions) == (256, 256)
+    with pytest.raises(ConfigError) as e:
+        resolve_ref(["model=gpt2-tiny", "train.seq_len=257", "train.batch_size=8"])
+    assert str(e.value) == "train.seq_len=257 exceeds model.n_positions=256"
+
+
+def test_async_ps_applies_a_gradient_exactly_max_staleness_old():
+    """single_ps.applies(version, computed_on, steps, max_staleness): staleness = version - computed_on
+    is applied up to and including max_staleness, never once the server reached train.steps."""
+    from torchref.strategies.single_ps import applies
+
+    assert [applies(5, c, 10, 2) for c in (5, 4, 3, 2, 1)] == [True, True, True, False, False]
+    assert [applies(5, c, 10, 0) for c in (5, 4)] == [True, False]
+    assert [applies(v, v, 10, 3) for v in (8, 9, 10, 11)] == [True, True, False, False]

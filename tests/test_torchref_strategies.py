@@ -199,17 +199,35 @@ def test_horovod_fp16_compression_halves_bytes(runner):
         assert 2 * a["bytes_received"] == b["bytes_received"]
     assert loss_rel(half, single) <= LOSS_RTOL_FP16_WIRE
     assert grad_rel(half, single) > GRAD_TOL_FP32  # the wire really was fp16
+    # every row names the run's settings (what `compare` and a reader of metrics.jsonl go by; hY2)
+    assert {(r["algorithm"], r["compression"], r["fusion_mb"]) for r in half.rows} == {("ring", "fp16", 0.25)}
+    assert {(r["algorithm"], r["compression"], r["fusion_mb"]) for r in full.rows} == {("ring", "none", 0.25)}
 
 
 def test_async_ps_runs_and_loss_decreases(runner):
+    from torchref.config import resolve_ref
+    from torchref.model import lr_at
+
     n, steps, stale = 2, 30, 1
-    run = runner("strategy=single-ps", f"workers={n}", "ps.async=true", f"ps.max_staleness={stale}",
-                 f"train.steps={steps}", "train.warmup_steps=0", "debug.grad_step=0")
+    args = ("strategy=single-ps", f"workers={n}", "ps.async=true", f"ps.max_staleness={stale}",
+            f"train.steps={steps}", "train.warmup_steps=0", "debug.grad_step=0")
+    run = runner(*args)
     assert [r["step"] for r in run.rows] == list(range(1, steps + 1))
     assert all(r["ps_async"] is True and 0 <= r["staleness"] <= stale for r in run.rows)
     assert {r["worker"] for r in run.rows} == set(range(n))  # both workers' gradients were applied
     assert run.losses[-5:].mean() < run.losses[:5].mean() - 0.3
     assert all(r["server_bytes_sent"] == r["server_bytes_received"] == run.psi for r in run.rows)
+    # Update k (row k) runs the schedule's step k-1, as the synchronous strategies do (hY2).
+    t = resolve_ref(list(BASE) + list(args))[0].train
+    assert [r["lr"] for r in run.rows] == [float(lr_at(t, k)) for k in range(steps)]
+    # Every gradient a worker pushed was applied (one per step), dropped as too stale, or arrived
+    # after the last step: exactly one per other worker, each still computing on weights it pulled
+    # before the server reached train.steps; those late ones are not counted as dropped (hY2).
+    procs = run.summary["procs"]
+    server = [p for p in procs if p["role"] == "server"]
+    pushes = sum(p["pushes"] for p in procs if p["role"] == "worker")
+    assert len(server) == 1 and pushes == steps + server[0]["dropped"] + (n - 1)
+    assert server[0]["bytes_received"] == pushes * run.psi
 
 
 def test_dying_worker_stops_the_others_quickly(runner, tmp_path):
@@ -231,6 +249,21 @@ def test_dying_worker_stops_the_others_quickly(runner, tmp_path):
     assert elapsed < 20  # the launcher's watchdog, not the 60 s collective timeout
     rows = [json.loads(x) for x in metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
+
+
+def test_single_ps_crash_rank_counts_workers_not_the_server(runner, tmp_path):
+    """debug.crash_rank=w names worker w (process rank w + 1: rank 0 is the server), as the other
+    strategies' worker index does; it dies before its first gradient, so the run stops at once (hY2)."""
+    from torchref.config import WorkerDied, resolve_ref
+    from torchref.launch import train
+
+    runner("strategy=single")  # warm imports, as test_dying_worker_stops_the_others_quickly
+    cfg, ref = resolve_ref(BASE + ["strategy=single-ps", "workers=2", "debug.crash_rank=1", "debug.crash_step=1",
+                                   "timeout_s=60", f"out={tmp_path}/crash"])
+    with pytest.raises(WorkerDied) as e:
+        train(cfg, ref)
+    assert str(e.value) == (f"strategy=single-ps: process rank 2 of 3 died (exit code 17); stopped the other 2 "
+                            f"(logs in {tmp_path}/crash/logs)")
 
 
 @pytest.mark.slow  # ~40 s: CLI + mpiexec imports; the watchdog path is covered by the test above
@@ -298,6 +331,7 @@ def test_ddp_bucket_mb_sets_the_buckets_and_keeps_the_gradient(runner):
     assert all(sum(r["ddp_bucket_bytes"]) == psi for r in small.rows)
     assert [r["ddp_bucket_bytes"] for r in small.rows[1:]] == [want] * (STEPS - 1)
     assert [r["ddp_bucket_bytes"] for r in default.rows] == [[psi]] * STEPS
+    assert [r["bucket_mb"] for r in small.rows + default.rows] == [0.25] * STEPS + [25.0] * STEPS  # hY2
     assert all(r["bytes_sent"] == r["bytes_received"] == 2 * (2 - 1) * psi // 2 for r in small.rows)
     assert loss_rel(small, single) <= LOSS_RTOL_FP32
     assert grad_rel(small, single) <= GRAD_TOL_FP32

@@ -55,6 +55,13 @@ def _master(ctx):
     return model, named, make_optimizer(named, ctx.t)
 
 
+def applies(version: int, computed_on: int, steps: int, max_staleness: int) -> bool:
+    """Async PS: does the server, at weight version `version`, apply a gradient computed on version
+    `computed_on`? Only before the last step, and when at most `max_staleness` versions old (a
+    gradient exactly `max_staleness` old is applied; max_staleness=0 applies fresh ones only)."""
+    return version < steps and version - computed_on <= max_staleness
+
+
 def _wait(works) -> None:
     for w in works:
         w.wait()
@@ -162,7 +169,7 @@ def serve_async(ctx) -> None:
         dist.recv(grad, src, tag=GRAD)
         totals.add(received=psi * 4)
         staleness = version - int(hdr[0])
-        if version < t.steps and staleness <= ctx.ref.ps.max_staleness:
+        if applies(version, int(hdr[0]), t.steps, ctx.ref.ps.max_staleness):
             for p in params:
                 p.grad = torch.empty_like(p)
             unflatten_into(grad, [p.grad for p in params])
