@@ -279,12 +279,24 @@ def maybe_initialize_distributed() -> dict | None:
         return None
     if jax.distributed.is_initialized():
         return None
+    _library_stdout_to_stderr()
     try:
         return initialize_distributed()
     except Exception as e:  # e.g. a peer never started: a bounded, one-line failure
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"error: could not join the multi-process job ({msg})", file=sys.stderr)
         raise SystemExit(3) from None
+
+
+def _library_stdout_to_stderr() -> None:
+    """Gloo (JAX's CPU collectives) prints "[Gloo] Rank 0 is connected to 1 peer ranks. Expected
+    ..." with C++ std::cout on fd 1 from every process at once, pieces interleaved into the
+    command's stdout (eval's JSON line, sample's text). The CLI prints through sys.stdout, so
+    fd 1 becomes stderr and sys.stdout keeps the original stdout."""
+    sys.stdout.flush()
+    out = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(out, "w", buffering=1, encoding=sys.stdout.encoding, errors=sys.stdout.errors)
 
 
 def setup_devices(mc: MeshConfig) -> None:

@@ -44,8 +44,6 @@ def _cli(args: list[str], nprocs: int = 1):
         args = ["launch", f"nprocs={nprocs}", "--", *args]
     r = run(args, JAXPAR_HEARTBEAT_TIMEOUT="30")
     assert r.returncode == 0, r.stderr[-3000:]
-    if nprocs > 1:  # gloo's C++ connection notices go to stdout; jaxpar prints from process 0 only
-        r.stdout = "".join(ln for ln in r.stdout.splitlines(keepends=True) if not ln.startswith("[Gloo] "))
     return r
 
 

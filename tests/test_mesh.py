@@ -264,3 +264,23 @@ def test_placement_tensor_groups_are_consecutive_devices_and_stages_strided():
              env_extra={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-2:] == ["  [data=0,fsdp=0]  0@p0 4@p0 1@p0 5@p0", "  [data=1,fsdp=0]  2@p0 6@p0 3@p0 7@p0"]
+
+
+def test_a_joined_process_keeps_library_prints_off_its_stdout():
+    """Gloo prints its connection notices on fd 1 from every process at once; once a process joins
+    a job, fd 1 is stderr and only the CLI's own prints (sys.stdout) reach stdout: a 2-process
+    `jaxpar eval` printed '1 peer ranks. Expected number of connected peer ranks is : 1' before its
+    JSON line (two ranks' notices interleaved)."""
+    import subprocess
+    import sys
+
+    code = ("import os, jaxpar.mesh as M\n"
+            "M.detect_cluster = lambda env=None: {'method': 'jaxpar'}\n"
+            "M.initialize_distributed = lambda: {}\n"
+            "M.maybe_initialize_distributed()\n"
+            "os.write(1, b'[Gloo] Rank 0 is connected to 1 peer ranks\\n')\n"
+            "print('{\"loss\": 1.0}')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == '{"loss": 1.0}\n'
+    assert r.stderr.endswith("[Gloo] Rank 0 is connected to 1 peer ranks\n")

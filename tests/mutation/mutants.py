@@ -1777,6 +1777,11 @@ MUTANTS: list[Mutant] = [
            "source=src or data.BUILTIN_CORPUS, min_tokens=2)", "source=src or data.BUILTIN_CORPUS)",
            "`jaxpar prepare` on a 1-byte input writes an empty train.bin (exit 0); the first run on it stops there",
            (T + "test_errors.py::test_prepare_refuses_text_too_short_for_two_splits",)),
+    Mutant("gloo_notices_on_stdout", "mesh", "jaxpar/mesh.py",
+           "        return None\n    _library_stdout_to_stderr()\n", "        return None\n",
+           "a multi-process command's stdout carries gloo's C++ connection notices from every rank, interleaved "
+           "into eval's JSON line and sample's text",
+           (T + "test_mesh.py::test_a_joined_process_keeps_library_prints_off_its_stdout",)),
     Mutant("plan_cpu_host_counts_one_device", "planner", "jaxpar/planner/apply.py",
            'return (plan.devices if plan is not None else 1), "cpu"', 'return 1, "cpu"',
            "on a CPU-only host with no mesh sizes, plan=plan.json is refused (made for 8, 1 available) instead "
