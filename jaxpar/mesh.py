@@ -292,10 +292,13 @@ def _library_stdout_to_stderr() -> None:
     """Gloo (JAX's CPU collectives) prints "[Gloo] Rank 0 is connected to 1 peer ranks. Expected
     ..." with C++ std::cout on fd 1 from every process at once, pieces interleaved into the
     command's stdout (eval's JSON line, sample's text). The CLI prints through sys.stdout, so
-    fd 1 becomes stderr and sys.stdout keeps the original stdout."""
+    fd 1 goes to /dev/null (not stderr: a lost peer's failure is one stderr line) and sys.stdout
+    keeps the original stdout."""
     sys.stdout.flush()
     out = os.dup(1)
-    os.dup2(2, 1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
     sys.stdout = os.fdopen(out, "w", buffering=1, encoding=sys.stdout.encoding, errors=sys.stdout.errors)
 
 

@@ -268,7 +268,7 @@ def test_placement_tensor_groups_are_consecutive_devices_and_stages_strided():
 
 def test_a_joined_process_keeps_library_prints_off_its_stdout():
     """Gloo prints its connection notices on fd 1 from every process at once; once a process joins
-    a job, fd 1 is stderr and only the CLI's own prints (sys.stdout) reach stdout: a 2-process
+    a job, fd 1 is /dev/null and only the CLI's own prints (sys.stdout) reach stdout: a 2-process
     `jaxpar eval` printed '1 peer ranks. Expected number of connected peer ranks is : 1' before its
     JSON line (two ranks' notices interleaved)."""
     import subprocess
@@ -283,4 +283,4 @@ def test_a_joined_process_keeps_library_prints_off_its_stdout():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout == '{"loss": 1.0}\n'
-    assert r.stderr.endswith("[Gloo] Rank 0 is connected to 1 peer ranks\n")
+    assert "[Gloo]" not in r.stderr  # a lost peer's failure stays one stderr line
