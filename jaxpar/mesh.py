@@ -279,7 +279,7 @@ def maybe_initialize_distributed() -> dict | None:
         return None
     if jax.distributed.is_initialized():
         return None
-    _library_stdout_to_stderr()
+    _library_stdout_to_devnull()
     try:
         return initialize_distributed()
     except Exception as e:  # e.g. a peer never started: a bounded, one-line failure
@@ -288,7 +288,7 @@ def maybe_initialize_distributed() -> dict | None:
         raise SystemExit(3) from None
 
 
-def _library_stdout_to_stderr() -> None:
+def _library_stdout_to_devnull() -> None:
     """Gloo (JAX's CPU collectives) prints "[Gloo] Rank 0 is connected to 1 peer ranks. Expected
     ..." with C++ std::cout on fd 1 from every process at once, pieces interleaved into the
     command's stdout (eval's JSON line, sample's text). The CLI prints through sys.stdout, so

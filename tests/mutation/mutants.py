@@ -1778,7 +1778,7 @@ MUTANTS: list[Mutant] = [
            "`jaxpar prepare` on a 1-byte input writes an empty train.bin (exit 0); the first run on it stops there",
            (T + "test_errors.py::test_prepare_refuses_text_too_short_for_two_splits",)),
     Mutant("gloo_notices_on_stdout", "mesh", "jaxpar/mesh.py",
-           "        return None\n    _library_stdout_to_stderr()\n", "        return None\n",
+           "        return None\n    _library_stdout_to_devnull()\n", "        return None\n",
            "a multi-process command's stdout carries gloo's C++ connection notices from every rank, interleaved "
            "into eval's JSON line and sample's text",
            (T + "test_mesh.py::test_a_joined_process_keeps_library_prints_off_its_stdout",)),
