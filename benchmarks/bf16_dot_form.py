@@ -1,12 +1,12 @@
 """The bf16 policy's two dot forms against the fp32 step, one process, CPU time, interleaved.
 
 Variants of the real `build_trainer` train step (`single_device.py` configurations), each compiled
-once with `jaxpar.precision.FP32_KERNEL_BF16_DOTS` set while it traces:
+once with `jaxpar.models.precision.FP32_KERNEL_BF16_DOTS` set while it traces:
 
   fp32          precision=fp32
   bf16_kernel   precision=bf16, every dot bf16 x bf16 -> fp32 (hosts with avx512_bf16/AMX)
   fp32_kernel   precision=bf16, every dot an fp32 dot of the same bf16 values (the default on
-                CPUs without native bf16: jaxpar.precision.fp32_kernel_bf16_dots)
+                CPUs without native bf16: jaxpar.models.precision.fp32_kernel_bf16_dots)
 
 then `--rounds` rounds of one synchronised step of each in turn (ABC ABC ...), process CPU time per
 step (wall time is noise on a shared host). Printed and written (`--out`): the median CPU time per
@@ -44,9 +44,9 @@ def build(dims, precision: str, form):
     import numpy as np
     from single_device import config_of
 
-    import jaxpar.precision as P
-    from jaxpar.mesh import build_mesh
+    import jaxpar.models.precision as P
     from jaxpar.models.gpt2 import init_params
+    from jaxpar.parallel.mesh import build_mesh
     from jaxpar.train import build_trainer
 
     _, _, _, vocab, seq, batch = dims
@@ -100,10 +100,10 @@ def main(argv=None) -> list[dict]:
         print(f"error: unknown --configs {','.join(bad)} (known: {','.join(CONFIGS)})" if bad
               else f"error: --rounds {args.rounds} < 1", file=sys.stderr)
         sys.exit(2)
-    from jaxpar.host_memory import keep_freed_memory
+    from jaxpar.run.host_memory import keep_freed_memory
 
     keep_freed_memory()  # before JAX starts, as `jaxpar train`
-    from jaxpar.precision import fp32_kernel_bf16_dots
+    from jaxpar.models.precision import fp32_kernel_bf16_dots
     from jaxpar.tolerances import NATIVE_BF16
 
     reports = []

@@ -4,9 +4,9 @@
                                      [--batch 16] [--seq 512] [--precision fp32] [--out comm_volume.json]
 
 Compile-only (nothing is allocated), so full-size models fit on a laptop. Per strategy it
-prints per-device wire bytes per kind (ring model, see `jaxpar.inspect`), the theory
+prints per-device wire bytes per kind (ring model, see `jaxpar.run.inspection`), the theory
 (DP 2(N-1)/N·Ψ, ZeRO-3 3(N-1)/N·Ψ, Megatron 8·b·s·h·(t-1)/t per layer, pipeline
-ppermutes 2·N_iter·b·s·h; exact terms in `jaxpar.inspect.theory_bytes`), their ratio, and
+ppermutes 2·N_iter·b·s·h; exact terms in `jaxpar.run.inspection.theory_bytes`), their ratio, and
 the largest measured ops, so every excess can be traced to an op. The vocabulary is padded
 to 50304 (as nanoGPT does) because 50257 is not divisible by any tensor size.
 """
@@ -26,8 +26,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jaxpar.config import PRESETS, Config, MeshConfig, PipelineConfig, TrainConfig  # noqa: E402
-from jaxpar.inspect import COLLECTIVES, collective_bytes, compile_step, memory_per_device, theory_bytes  # noqa: E402
-from jaxpar.sharding import NAMED_MESHES  # noqa: E402
+from jaxpar.parallel.sharding import NAMED_MESHES  # noqa: E402
+from jaxpar.run.inspection import COLLECTIVES, collective_bytes, compile_step, memory_per_device, theory_bytes  # noqa: E402
 
 MiB = 2**20
 # pipelined rows (GPipe, 4 microbatches per data replica): (mesh, microbatches)

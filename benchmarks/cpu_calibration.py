@@ -29,7 +29,7 @@ import os
 import sys
 import time
 
-from jaxpar.mesh import emulate_host_devices  # noqa: E402
+from jaxpar.parallel.mesh import emulate_host_devices  # noqa: E402
 
 emulate_host_devices(8)  # before JAX initialises; keeps a user's other XLA_FLAGS (setdefault left them 1 device)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

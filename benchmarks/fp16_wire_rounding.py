@@ -1,6 +1,6 @@
 """Where the fp16 wire's loss change comes from (jaxpar/tolerances.py `torchref.fp16wire.loss`).
 
-Replays tests/test_torchref_strategies.py's `horovod workers=2 compression=fp16` run in one process
+Replays tests/torchref/test_torchref_strategies.py's `horovod workers=2 compression=fp16` run in one process
 (CPU, 1 thread): each step computes both workers' local gradients (rows 0-3 and 4-7 of the (8, 32)
 batch), then forms the ring's result fp16(fp16(g0) + fp16(g1)) / 2 exactly as torchref's FusionEngine
 and ring_allreduce do (cast, one fp16 add per element, decompress, / N), with the fp16 rounding

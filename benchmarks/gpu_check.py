@@ -10,7 +10,7 @@ same weights and batch, all through the real loss function (`jaxpar.train.make_l
     (the norm over every parameter's gradient at once);
   * fp32 rows: XLA's path against the einsum core, both fp32.
 
-The CPU pins (tests/test_attention.py: xla == einsum within 1e-6 in fp32) cannot run cuDNN; this is
+The CPU pins (tests/models/test_attention.py: xla == einsum within 1e-6 in fp32) cannot run cuDNN; this is
 their GPU counterpart, run when a GPU is lent. On a machine without a GPU it refuses: one line, exit 2.
 """
 
@@ -34,8 +34,8 @@ def grads_and_loss(precision: str, impl: str, batch: int, seq: int):
     import numpy as np
 
     from jaxpar.config import PRESETS, Config, TrainConfig
-    from jaxpar.mesh import build_mesh
     from jaxpar.models import gpt2
+    from jaxpar.parallel.mesh import build_mesh
     from jaxpar.train import make_loss_fn
 
     real = gpt2.attention_impl

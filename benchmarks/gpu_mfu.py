@@ -8,7 +8,7 @@ state) on a 1-device mesh, synchronised on its loss; warm-up steps (compilation)
 the median of `--steps` is reported. MFU = tokens/s x ModelConfig.flops_per_token(seq)
 (6N + 12·L·H·Q·T, the same formula as `jaxpar train`) / the device's dense bf16 peak
 (jaxpar.train.PEAK_FLOPS: H100 989 TFLOP/s). The GPU collective-overlap flags
-(jaxpar/xla_flags.py) are applied as `jaxpar train` does. Target (issue 12): >= 55% MFU for
+(jaxpar/run/xla_flags.py) are applied as `jaxpar train` does. Target (issue 12): >= 55% MFU for
 GPT-2 350M on one H100. On a machine without a GPU it refuses: one line on stderr, exit 2.
 """
 
@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxpar import xla_flags  # noqa: E402
+from jaxpar.run import xla_flags  # noqa: E402
 
 PRESET_BATCH = {"gpt2": 16, "gpt2-medium": 8}
 
@@ -69,8 +69,8 @@ def preset_step(model: str, batch: int, seq: int, attention: str = "auto", remat
     import numpy as np
 
     from jaxpar.config import PRESETS, Config, TrainConfig
-    from jaxpar.mesh import build_mesh
     from jaxpar.models.gpt2 import init_params
+    from jaxpar.parallel.mesh import build_mesh
     from jaxpar.train import build_trainer
 
     mc = dataclasses.replace(PRESETS[model], attention=attention)

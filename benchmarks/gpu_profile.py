@@ -9,7 +9,7 @@ every complete event on the device's streams, summed by kernel name and by class
 attention, copies, the rest), and every 'XLA Ops' event by HLO instruction (with the HLO text the
 trace carries), per step, next to the step's wall time. Kernel busy time below the wall time is
 time the GPU waited (host, launches, synchronisation). On a machine without a GPU it refuses:
-one line, exit 2 (tests/test_bench_gpu_mfu.py tests the parser on a synthetic trace).
+one line, exit 2 (tests/bench/test_bench_gpu_mfu.py tests the parser on a synthetic trace).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ run() {
 BAD=""
 py() {
   python3 -c 'import runpy, sys
-import jaxpar.xla_flags as x
+import jaxpar.run.xla_flags as x
 bad = set(filter(None, sys.argv[1].split(",")))
 x.GPU_FLAGS = tuple(f for f in x.GPU_FLAGS if f.split("=")[0] not in bad)
 exec(__import__("os").environ.get("PATCH", ""))  # an A/B variant, e.g. the scan unrolled
@@ -67,7 +67,7 @@ fi
 if [ "${1:-}" = profile ]; then  # second lease: where the step's time goes, and two A/B variants
   run prof350 150 py benchmarks/gpu_profile.py --model gpt2-medium --batch 8 --out "$OUT/gpu_profile_350m.json"
   run prof124 150 py benchmarks/gpu_profile.py --model gpt2 --batch 16 --out "$OUT/gpu_profile_124m.json"
-  BAD=$(python3 -c 'import jaxpar.xla_flags as x; print(",".join(f.split("=")[0] for f in x.GPU_FLAGS))') \
+  BAD=$(python3 -c 'import jaxpar.run.xla_flags as x; print(",".join(f.split("=")[0] for f in x.GPU_FLAGS))') \
     run mfu_noflags 90 py benchmarks/gpu_mfu.py --models gpt2-medium --out "$OUT/gpu_mfu_noflags.json"
   PATCH='import jaxpar.models.gpt2 as g; g.scan_unroll = lambda n, backend=None, remat="none": n' \
     run mfu_unrolled 150 py benchmarks/gpu_mfu.py --models gpt2-medium,gpt2 --out "$OUT/gpu_mfu_unrolled.json"

@@ -63,13 +63,13 @@ def main() -> int:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from jaxpar import sharding as shd
     from jaxpar.config import PRESETS, Config, MeshConfig, PipelineConfig, TrainConfig
-    from jaxpar.layout import build_layout
-    from jaxpar.mesh import build_mesh
     from jaxpar.models import gpt2
+    from jaxpar.models.precision import get_policy
     from jaxpar.parallel import pipeline as pp
-    from jaxpar.precision import get_policy
+    from jaxpar.parallel import sharding as shd
+    from jaxpar.parallel.layout import build_layout
+    from jaxpar.parallel.mesh import build_mesh
 
     mc = dataclasses.replace(PRESETS["gpt2-tiny"], n_layer=a.layers)
     pol = get_policy("fp32")

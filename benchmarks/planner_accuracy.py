@@ -1,7 +1,7 @@
 """Planner cost model vs the compiler, on 8 emulated CPU devices.
 
 For each configuration (mixes of data / fsdp / tensor / pipe, remat on/off, grad accumulation,
-circular pipeline, fp32 and bf16) we compile jaxpar's real train step (jaxpar.inspect.compile_step,
+circular pipeline, fp32 and bf16) we compile jaxpar's real train step (jaxpar.run.inspection.compile_step,
 nothing is executed) and compare
   * predicted per-device memory  vs  compiled.memory_analysis()  (arguments + outputs - aliased + temp)
   * predicted collective bytes   vs  bytes parsed from the optimized HLO (ring wire bytes per device)
@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from jaxpar.mesh import emulate_host_devices  # noqa: E402
+from jaxpar.parallel.mesh import emulate_host_devices  # noqa: E402
 
 emulate_host_devices(8)  # before JAX initialises; keeps a user's other XLA_FLAGS (setdefault left them 1 device)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -72,9 +72,9 @@ KINDS = {"all-reduce": "all-reduce", "all-gather": "all-gather", "reduce-scatter
 
 def run_one(conf) -> dict:
     from jaxpar import config as C
-    from jaxpar.inspect import collective_bytes, compile_step, memory_per_device
     from jaxpar.planner.cost import Strategy, Workload, estimate
     from jaxpar.planner.devices import get_device
+    from jaxpar.run.inspection import collective_bytes, compile_step, memory_per_device
 
     (d, f, t, p), prec, remat, accum, mb, reps = conf[:6]
     ex = conf[6] if len(conf) > 6 else {}

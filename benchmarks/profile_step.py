@@ -103,8 +103,8 @@ def profile(name: str, dims, precision: str, rounds: int, steps: int) -> dict:
     import numpy as np
     from single_device import config_of
 
-    from jaxpar.mesh import build_mesh
     from jaxpar.models.gpt2 import init_params
+    from jaxpar.parallel.mesh import build_mesh
     from jaxpar.train import build_trainer
 
     _, _, _, vocab, seq, batch = dims
@@ -146,7 +146,7 @@ def profile(name: str, dims, precision: str, rounds: int, steps: int) -> dict:
 
 
 def main(argv=None) -> list[dict]:
-    from jaxpar.host_memory import keep_freed_memory
+    from jaxpar.run.host_memory import keep_freed_memory
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", default="small", help="comma list of single_device.py configurations")

@@ -25,7 +25,7 @@ pipeline engine (cost.Strategy.engine, a what-if) and as jaxpar would run them.
 Each row is evaluated twice: (a) the published configuration (its mesh, M, R, full recompute,
 no op splitting, no FSDP) under the planner's cost model, in the published placement (Megatron
 puts tensor groups on consecutive ranks, i.e. inside a node), which is also what `jaxpar train`
-builds since 2026-11-23 (`jaxpar.mesh.PLACEMENT`; the "before" column keeps jaxpar's old
+builds since 2026-11-23 (`jaxpar.parallel.mesh.PLACEMENT`; the "before" column keeps jaxpar's old
 pipe-innermost placement); (b) the planner's own pick on the same
 devices, batch and memory (gpipe, circular and pipeline.schedule=1f1b searched), and whether the
 model predicts it no slower than (a); and (a) 1f1b: the published mesh and M run with jaxpar's

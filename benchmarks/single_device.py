@@ -21,7 +21,7 @@ Fairness rules:
     Each turn's settle-step times are reported (`settle_s`) so the switch cost stays visible;
   * the ratio is `torch_time / jaxpar_time` (> 1: jaxpar is faster);
   * host memory (`--host-memory`, default both): `jaxpar train` makes glibc keep freed memory
-    mapped before JAX starts (jaxpar/host_memory.py), a process-wide malloc setting that the
+    mapped before JAX starts (jaxpar/run/host_memory.py), a process-wide malloc setting that the
     contenders of one process share. On the 2-core native-bf16 host it makes torch bf16 about 2x
     slower (small: 0.051 -> 0.092 s/step eager) and torch eager fp32 faster (0.054 -> 0.044). So
     `both` runs the whole interleaved benchmark twice, in a process with the setting and one
@@ -124,7 +124,7 @@ def make_jaxpar(cfg, params, inputs, targets):
     """The real jaxpar step (`build_trainer`: jit, donated state) on a 1-device mesh."""
     import jax
 
-    from jaxpar.mesh import build_mesh
+    from jaxpar.parallel.mesh import build_mesh
     from jaxpar.train import build_trainer
 
     trainer = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))  # one device, even if emulating more
@@ -204,7 +204,7 @@ def main(argv=None) -> dict:
     if args.host_memory == "both":
         return run_both(argv, args, precisions, impls)
 
-    from jaxpar.host_memory import keep_freed_memory
+    from jaxpar.run.host_memory import keep_freed_memory
 
     # as `jaxpar train` does before JAX starts (the torch contenders of this process share it)
     kept = keep_freed_memory() if args.host_memory == "keep" else False

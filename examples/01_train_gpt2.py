@@ -10,9 +10,9 @@ import jax
 
 from gpt2common import data
 from jaxpar import config as C
-from jaxpar.mesh import build_mesh
 from jaxpar.models import gpt2
-from jaxpar.sample import generate
+from jaxpar.parallel.mesh import build_mesh
+from jaxpar.run.sample import generate
 from jaxpar.train import build_trainer
 
 # 1. A config: the tiny preset, short sequences, a high learning rate for a quick demo.

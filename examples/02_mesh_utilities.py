@@ -15,10 +15,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 
-from jaxpar import sharding as S  # noqa: E402
 from jaxpar.config import PRESETS, Config, ConfigError, MeshConfig, TrainConfig  # noqa: E402
-from jaxpar.inspect import collective_bytes, compile_step, memory_per_device, theory_bytes  # noqa: E402
 from jaxpar.models import gpt2  # noqa: E402
+from jaxpar.parallel import sharding as S  # noqa: E402
+from jaxpar.run.inspection import collective_bytes, compile_step, memory_per_device, theory_bytes  # noqa: E402
 
 model = PRESETS["gpt2-tiny"]
 

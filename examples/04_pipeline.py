@@ -8,7 +8,7 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from jaxpar.mesh import emulate_host_devices  # noqa: E402
+from jaxpar.parallel.mesh import emulate_host_devices  # noqa: E402
 
 # 8 emulated CPU devices, before JAX initialises; the user's other XLA_FLAGS stay (they were overwritten)
 emulate_host_devices(8)
@@ -18,10 +18,10 @@ import time  # noqa: E402
 
 from gpt2common import data  # noqa: E402
 from jaxpar import config as C  # noqa: E402
-from jaxpar.layout import layer_cost  # noqa: E402
-from jaxpar.mesh import build_mesh  # noqa: E402
 from jaxpar.models import gpt2  # noqa: E402
 from jaxpar.parallel import pipeline as pp  # noqa: E402
+from jaxpar.parallel.layout import layer_cost  # noqa: E402
+from jaxpar.parallel.mesh import build_mesh  # noqa: E402
 from jaxpar.parallel.partition import partition_layers, stage_times  # noqa: E402
 from jaxpar.train import build_trainer, check_model_vs_mesh  # noqa: E402
 

@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for parity_tests (tolerances, trajectory_diffs)
 
 from jaxpar import config as C
-from jaxpar.mesh import emulate_devices_for, mesh_size, resolve_mesh_config
+from jaxpar.parallel.mesh import emulate_devices_for, mesh_size, resolve_mesh_config
 
 # 1. Your configuration, on top of small defaults. fp32 unless you ask for bf16.
 defaults = ["model=gpt2-tiny", "train.seq_len=32", "train.batch_size=8", "train.steps=10", "train.warmup_steps=2",
@@ -44,8 +44,8 @@ import jax
 import torch
 
 from gpt2common import data, hf
-from jaxpar.mesh import build_mesh
 from jaxpar.models import gpt2
+from jaxpar.parallel.mesh import build_mesh
 from jaxpar.train import build_trainer, check_model_vs_mesh
 from parity_tests.common import trajectory_diffs
 from parity_tests.tolerances import TRAJECTORY

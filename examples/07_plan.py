@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from jaxpar.mesh import emulate_host_devices
+from jaxpar.parallel.mesh import emulate_host_devices
 
 # 8 emulated CPU devices for part 2, before JAX initialises; keeps the user's other XLA_FLAGS
 # (a setdefault left a user's own XLA_FLAGS without the device count: "needs 8 devices but 1").
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     print("overrides:", " ".join(f"{k}={v}" for k, v in overrides.items()))
     run_cfg = validate(apply_overrides(cfg, overrides))
 
-    from jaxpar.loop import run_train
+    from jaxpar.run.loop import run_train
 
     rc = run_train(run_cfg)
     metrics = os.path.join(run_cfg.out, "metrics.jsonl")

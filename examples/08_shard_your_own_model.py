@@ -32,8 +32,8 @@ import optax  # noqa: E402
 from flax import linen, nnx  # noqa: E402
 
 from gpt2common.data import builtin_text  # noqa: E402
-from jaxpar import sharding as S  # noqa: E402
 from jaxpar.config import MeshConfig  # noqa: E402
+from jaxpar.parallel import sharding as S  # noqa: E402
 
 VOCAB, CONTEXT, EMBED, HIDDEN = 256, 8, 32, 128
 BATCH, LR, SEED = 32, 3e-3, 0

@@ -43,7 +43,7 @@ def init_params(cfg: ModelConfig, seed: int) -> Params:
     (attn.c_proj, mlp.c_proj) ~ N(0, 0.02/sqrt(2L)); biases 0; LayerNorm weight 1.
     Draws happen in sorted-path order from one numpy Generator, float32. A path is written
     `['h']['attn']['c_attn']['weight']` (jax.tree_util.keystr's spelling, which fixed the order
-    when this lived in jaxpar; tests/test_shared_boundary.py checks the weights are unchanged).
+    when this lived in jaxpar; tests/models/test_shared_boundary.py checks the weights are unchanged).
     Dicts come back with sorted keys, as a jax tree map returns them.
     """
     rng = np.random.default_rng(seed)

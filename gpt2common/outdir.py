@@ -1,5 +1,5 @@
 """The checks any run makes on `out=` before its first byte, and that first write; shared by
-`jaxpar train` (jaxpar/rundir.py adds its own resume rules) and `torchref train`."""
+`jaxpar train` (jaxpar/run/rundir.py adds its own resume rules) and `torchref train`."""
 
 from __future__ import annotations
 

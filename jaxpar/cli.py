@@ -1,7 +1,7 @@
 """`jaxpar <command> [--config FILE.yaml] [key=value ...]`.
 
 Exit codes: 0 success; 2 invalid configuration or input (one line `error: ...` on
-stderr, no traceback); 3 a rank lost its peers (jaxpar.launch); 4 a write the storage
+stderr, no traceback); 3 a rank lost its peers (jaxpar.run.launch); 4 a write the storage
 refused, disk full or a quota (one `error:` line, gpt2common/writes.py); anything else is an
 internal fault. JAX is imported only after
 the arguments are parsed, so emulated CPU devices can be requested first.
@@ -16,8 +16,8 @@ import sys
 from gpt2common import writes
 from gpt2common.grammar import one_line
 from gpt2common.writes import WriteFailed
-from jaxpar import host_memory, xla_flags
 from jaxpar.config import ConfigError
+from jaxpar.run import host_memory, xla_flags
 
 USAGE = """usage: jaxpar <command> [--config FILE.yaml] [key=value ...]
 
@@ -36,32 +36,17 @@ commands:
 
 # command -> "module:function"; each function takes argv (after the command) and returns an exit code.
 COMMANDS = {
-    "train": "jaxpar.commands:train",
-    "inspect": "jaxpar.commands:inspect",
-    "prepare": "jaxpar.commands:prepare",
-    "eval": "jaxpar.commands:evaluate",
-    "sample": "jaxpar.commands:sample",
-    "convert": "jaxpar.commands:convert",
-    "plot": "jaxpar.commands:plot",
-    "mesh": "jaxpar.commands:mesh",
-    "launch": "jaxpar.launch:main",
+    "train": "jaxpar.run.commands:train",
+    "inspect": "jaxpar.run.commands:inspect",
+    "prepare": "jaxpar.run.commands:prepare",
+    "eval": "jaxpar.run.commands:evaluate",
+    "sample": "jaxpar.run.commands:sample",
+    "convert": "jaxpar.run.commands:convert",
+    "plot": "jaxpar.run.commands:plot",
+    "mesh": "jaxpar.run.commands:mesh",
+    "launch": "jaxpar.run.launch:main",
     "plan": "jaxpar.planner.cli:main",
 }
-
-
-def split_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:
-    """Pull `--config FILE` / `--config=FILE` out of argv."""
-    out, path, it = [], None, iter(argv)
-    for a in it:
-        if a == "--config":
-            path = next(it, None)
-            if path is None:
-                raise ConfigError("--config needs a file path")
-        elif a.startswith("--config="):
-            path = a.split("=", 1)[1]
-        else:
-            out.append(a)
-    return path, out
 
 
 def main(argv: list[str] | None = None) -> int:

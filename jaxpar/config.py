@@ -16,7 +16,7 @@ from typing import Any
 from gpt2common.grammar import ConfigError, field_types, load_yaml, parse_kv, parse_value
 from gpt2common.model import PRESETS, ModelConfig, check_shape, preset
 from gpt2common.optim import OptimSettings, check_optim
-from jaxpar.groups import GROUP_NAMES
+from jaxpar.parallel.groups import GROUP_NAMES
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class TrainConfig(OptimSettings):
     # none | selective (recompute the attention core: scores, softmax, probs·V) | full (recompute
     # each block); true/false are accepted as full/none
     remat: str = "none"
-    vocab_chunks: int = 1  # >1: logits + cross-entropy in this many token chunks (jaxpar.ops)
+    vocab_chunks: int = 1  # >1: logits + cross-entropy in this many token chunks (jaxpar.models.chunked)
     mlp_chunks: int = 1  # >1: MLP hidden dim in this many chunks, each recomputed in backward
 
 
@@ -108,7 +108,7 @@ class Remat(enum.StrEnum):
 
 REMATS = tuple(r.value for r in Remat)
 REMAT_ALIASES = {"true": "full", "false": "none"}  # train.remat used to be a bool
-PARAM_GROUPS = GROUP_NAMES  # OSDP groups, defined in jaxpar.groups
+PARAM_GROUPS = GROUP_NAMES  # OSDP groups, defined in jaxpar.parallel.groups
 
 
 SECTIONS = {"model": ModelConfig, "mesh": MeshConfig, "pipeline": PipelineConfig, "train": TrainConfig, "eval": EvalConfig,
@@ -251,3 +251,18 @@ def from_dict(d: dict[str, Any]) -> Config:
 
 def dumps(cfg: Config) -> str:
     return json.dumps(to_dict(cfg), indent=2)
+
+
+def split_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:
+    """Pull `--config FILE` / `--config=FILE` out of argv."""
+    out, path, it = [], None, iter(argv)
+    for a in it:
+        if a == "--config":
+            path = next(it, None)
+            if path is None:
+                raise ConfigError("--config needs a file path")
+        elif a.startswith("--config="):
+            path = a.split("=", 1)[1]
+        else:
+            out.append(a)
+    return path, out

@@ -89,8 +89,8 @@ _N_TOKENS = 8 * 32  # tokens in one loss (the mean over B x T)
 
 TABLE: dict[str, Bound] = {
     # ----------------------------------------------------------------- jaxpar: sharded == single device
-    # tests/test_sharding_equivalence.py (data=8, fsdp=8, tensor=4 data=2, 2x2x2; 5 AdamW steps),
-    # tests/test_pipeline*.py (pipelined == one device), tests/test_multiprocess.py.
+    # tests/parallel/test_sharding_equivalence.py (data=8, fsdp=8, tensor=4 data=2, 2x2x2; 5 AdamW steps),
+    # tests/test_pipeline*.py (pipelined == one device), tests/run/test_multiprocess.py.
     "sharded.fp32.loss": Bound(1e-6, 3.77e-7, "5-step losses, worst of 4 meshes (2x2x2); sharding only reorders "
                                               "fp32 sums (partial matmuls + all-reduce, split batch means)"),
     "sharded.fp32.grad": Bound(2e-6, 6.85e-7, "step-1 gradient, inf, worst tensor (c_attn.weight) of 4 meshes"),
@@ -105,33 +105,33 @@ TABLE: dict[str, Bound] = {
                                              "bitwise equal, each row meets the same block code in the same order; "
                                              "the pipelined training steps are under sharded.fp32.* (measured "
                                              "2.1e-7 loss, 9.1e-7 grad for pipe=4 circular R=2)"),
-    # tests/test_activations.py: the GELU with a hand-written backward.
-    "gelu.fp32.grad": Bound(1e-5, 3.14e-6, "jaxpar.activations.gelu_tanh's hand-written derivative vs the "
+    # tests/models/test_gelu.py: the GELU with a hand-written backward.
+    "gelu.fp32.grad": Bound(1e-5, 3.14e-6, "jaxpar.models.gelu.gelu_tanh's hand-written derivative vs the "
                             "float64 one, inf relative, 65536 fp32 inputs ~ N(0, 16); jax's autodiff of "
                             "jax.nn.gelu measures the same 3.14e-6 (fp32 rounding of x^3 near |x| ~ 3)"),
-    # tests/test_layernorm.py, tests/test_softmax.py: hand-written backwards vs autodiff and float64.
-    "layernorm.fp32.grad": Bound(5e-7, 1.29e-7, "jaxpar.layernorm's backward (dx, dw, db) vs autodiff of the plain "
+    # tests/models/test_layernorm.py, tests/models/test_softmax.py: hand-written backwards vs autodiff and float64.
+    "layernorm.fp32.grad": Bound(5e-7, 1.29e-7, "jaxpar.models.layernorm's backward (dx, dw, db) vs autodiff of the plain "
                                  "expression and vs float64, inf relative, (4, 16, 96) rows with mean ~ N(0, 25): "
                                  "both reorder fp32 sums over D (dx) or B*T (dw, db); autodiff itself is 1.29e-7 "
                                  "from float64"),
-    "softmax.fp32.grad": Bound(9e-7, 2.33e-7, "jaxpar.softmax.causal_softmax's backward p(g - sum(g p)) vs autodiff "
+    "softmax.fp32.grad": Bound(9e-7, 2.33e-7, "jaxpar.models.softmax.causal_softmax's backward p(g - sum(g p)) vs autodiff "
                                "of the plain masked softmax, inf relative, (2, 3, 24, 24) scores ~ N(0, 9); "
                                "1.04e-7 from float64, autodiff itself 2.17e-7 from float64"),
-    # tests/test_ops.py: operator splitting (vocab / mlp chunks) and remat vs the plain model, one device.
+    # tests/models/test_chunked.py: operator splitting (vocab / mlp chunks) and remat vs the plain model, one device.
     "chunked.fp32.loss": Bound(4e-7, 1.04e-7, "loss, worst of 4 (remat, vocab_chunks, mlp_chunks) settings: only "
                                               "the order of the chunk sums changes"),
     "chunked.fp32.grad": Bound(1e-6, 6.08e-7, "gradient, inf, worst tensor of the 4 settings"),
-    # tests/test_ops.py: precision=bf16 with train.mlp_chunks 2 and 32 vs bf16 unchunked (same policy).
+    # tests/models/test_chunked.py: precision=bf16 with train.mlp_chunks 2 and 32 vs bf16 unchunked (same policy).
     "chunked.bf16.grad_l2": Bound(U_BF16, 1.37e-3, "gradient, l2 per tensor, worst (ln_1.weight) of mlp_chunks 2..32 "
                                                    "(measured on the AMD Zen 4 host): chunked and plain "
-                                                   "round at the same points (jaxpar.ops: the chunks' input "
+                                                   "round at the same points (jaxpar.models.chunked: the chunks' input "
                                                    "gradients are summed in fp32 and rounded once), so only fp32 "
                                                    "sum orders differ; a value whose two sums straddle a bf16 "
                                                    "rounding boundary moves by one bf16 ulp (up to 2*U_BF16 "
                                                    "relative), and only a fraction of values do: U_BF16 in l2. "
                                                    "Emulated AVX2: 2.84e-3 at k=32. Summed in bf16 it was 6.4e-3 at "
                                                    "k=2, 9.9e-3 at k=32"),
-    # tests/test_ops.py: precision=bf16 with train.remat=selective|full and train.vocab_chunks vs bf16 plain.
+    # tests/models/test_chunked.py: precision=bf16 with train.remat=selective|full and train.vocab_chunks vs bf16 plain.
     "knobs.bf16.grad_l2": Bound(2 * U_BF16, 4.14e-3, "gradient, l2 per tensor, worst (remat=full; measured on the AMD "
                                                      "Zen 4 host, 4.42e-3 emulated AVX2): XLA may keep a bf16 value in "
                                                      "fp32 inside a fusion, and does so differently in remat=full's "
@@ -139,32 +139,32 @@ TABLE: dict[str, Bound] = {
                                                      "matmuls take differently rounded operands, sqrt(4)*U_BF16 as "
                                                      "parity.bf16.grad_l2 (with --xla_allow_excess_precision=false: "
                                                      "0). remat=selective 0, vocab_chunks 2.4e-7 (fp32 sum orders)"),
-    # tests/test_multiprocess.py: `jaxpar launch nprocs=2` (2 processes x 2 devices, gloo) vs 1 x 4 devices.
+    # tests/run/test_multiprocess.py: `jaxpar launch nprocs=2` (2 processes x 2 devices, gloo) vs 1 x 4 devices.
     "multiprocess.fp32.loss": Bound(3e-7, 8.84e-8, "3-step losses, data=2 fsdp=2: the logged loss is reduced across "
                                                    "processes in another order"),
     "multiprocess.fp32.grad_norm": Bound(0.0, 0.0, "each step's pre-clip global gradient norm: bitwise equal (the "
                                                    "gradient all-reduce sums the 4 device shards in the same order "
                                                    "whether 2 of them sit in another process or not)"),
-    # tests/test_model.py: precision=bf16 logits vs fp32 on the odd shape (L=3), relative to max|logit|.
+    # tests/models/test_model.py: precision=bf16 logits vs fp32 on the odd shape (L=3), relative to max|logit|.
     "model.bf16.logits": Bound(5 ** 0.5 * U_BF16, 3.24e-3, "the head matmul rounds both operands to bf16 "
                                                              "(2 roundings) and each of the L=3 blocks adds one "
                                                              "rounding of the bf16 residual stream; independent, "
                                                              "in quadrature: sqrt(2 + L)*U_BF16 = 8.7e-3"),
-    # tests/test_flax_model_sharding.py: a Flax NNX model of the user's own (examples/08) on
+    # tests/parallel/test_flax_model_sharding.py: a Flax NNX model of the user's own (examples/08) on
     # data=2 x fsdp=2 x tensor=2 vs one device, same weights.
-    # tests/test_fp32_dots.py: fp32 on CPU (YNNPACK dot forms: mixed_einsum, causal_attention) vs the plain
+    # tests/models/test_fp32_dots.py: fp32 on CPU (YNNPACK dot forms: mixed_einsum, causal_attention) vs the plain
     # path (jnp.einsum + autodiff), gpt2-tiny at 1 layer, remat none/selective, and the attention core alone.
     "fp32_dots.loss": Bound(0.0, 0.0, "loss: the forward is the same ops (only the backward's dot forms change)"),
     "fp32_dots.grad": Bound(1e-6, 2.75e-7, "gradient, inf, worst tensor (wte); attention core alone: 2.0e-7 (dK); "
                                            "the same products summed in another order"),
-    # tests/test_causal_blocks.py: the CPU attention core by causal query blocks vs unblocked (B2 T256 N2 Hd16).
+    # tests/models/test_causal_blocks.py: the CPU attention core by causal query blocks vs unblocked (B2 T256 N2 Hd16).
     "causal_blocks.fp32.grad": Bound(1e-6, 3.46e-7, "dK / dV (inf, relative to max): each query block's "
                                                     "contribution zero-padded and summed, another fp32 order; "
                                                     "o and dQ bit-equal (AMD Zen 4 host; 8.1e-7 at N6 Hd64)"),
     "flax_model.fp32.loss": Bound(4e-7, 1e-7, "losses of every step; sharding reorders fp32 sums"),
     "flax_model.fp32.grad": Bound(1e-6, 4e-7, "first step's gradients, inf, worst tensor"),
     # ----------------------------------------------------------------- torchref strategies vs `single`
-    # tests/test_torchref_strategies.py: single-ps, distributed-ps, horovod at 2 and 4 workers, 10 steps.
+    # tests/torchref/test_torchref_strategies.py: single-ps, distributed-ps, horovod at 2 and 4 workers, 10 steps.
     "torchref.fp32.loss": Bound(6e-7, 1.72e-7, "10-step losses; per-worker means then an N-way average, bucket / "
                                                "fusion / ring order: a few fp32 roundoffs"),
     "torchref.fp32.grad": Bound(3e-6, 9.34e-7, "step-1 averaged gradient, inf, worst tensor (4 workers)"),
@@ -238,7 +238,7 @@ FLAX_MODEL_SHARDED_VS_SINGLE = {"loss": _v("flax_model.fp32.loss"), "grad": _v("
 MULTIPROCESS_VS_SINGLE = {"loss": _v("multiprocess.fp32.loss"), "grad_norm": _v("multiprocess.fp32.grad_norm")}
 BF16_LOGITS_REL = _v("model.bf16.logits", True)
 
-# torchref (tests/test_torchref_strategies.py, test_torchref_compare.py)
+# torchref (tests/torchref/test_torchref_strategies.py, test_torchref_compare.py)
 LOSS_RTOL_FP32 = _v("torchref.fp32.loss")
 GRAD_TOL_FP32 = _v("torchref.fp32.grad")
 LOSS_RTOL_AMP = _v("torchref.amp.loss", True)

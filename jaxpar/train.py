@@ -2,7 +2,7 @@
 
 State is a plain dict {"step", "params", "opt_state"}; params are fp32 master weights.
 The step is compiled once with explicit in/out shardings derived from the rules tables
-(`jaxpar.sharding`) via `eval_shape`, and the state is donated. Gradients are fp32 (they
+(`jaxpar.parallel.sharding`) via `eval_shape`, and the state is donated. Gradients are fp32 (they
 are gradients of fp32 params), so their reduction over data/fsdp is fp32 in bf16 mode too.
 """
 
@@ -22,14 +22,14 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxpar import optim
-from jaxpar import sharding as shd
 from jaxpar.config import Config, ConfigError, ModelConfig, TrainConfig
-from jaxpar.layout import ParallelLayout, build_layout
-from jaxpar.logical import activation_rules
-from jaxpar.mesh import build_mesh, mesh_size
 from jaxpar.models import gpt2
+from jaxpar.models.precision import get_policy
+from jaxpar.parallel import sharding as shd
 from jaxpar.parallel import tied
-from jaxpar.precision import get_policy
+from jaxpar.parallel.layout import ParallelLayout, build_layout
+from jaxpar.parallel.logical import activation_rules
+from jaxpar.parallel.mesh import build_mesh, mesh_size
 
 State = dict[str, Any]
 
@@ -85,7 +85,7 @@ class Trainer:
     state_shardings: Any
     batch_sharding: NamedSharding
     step_fn: Callable  # (state, inputs, targets) -> (state, metrics)
-    eval_fn: Callable  # (params, inputs, targets) -> (B,) summed token NLL per row (jaxpar.evaluation)
+    eval_fn: Callable  # (params, inputs, targets) -> (B,) summed token NLL per row (jaxpar.run.evaluation)
     schedule: optax.Schedule  # learning rate at step count
     # (state, inputs, targets, stop (n_devices,) int32) -> (state, metrics + "stop"): the loop's step
     loop_step_fn: Callable = None
@@ -158,7 +158,7 @@ def make_loss_fn(cfg: Config, mesh, layout: ParallelLayout | None = None) -> Cal
 def build_trainer(cfg: Config, mesh=None, layout: ParallelLayout | None = None) -> Trainer:
     """Compile-ready trainer for `cfg` on `mesh` (built from cfg.mesh over all devices if None).
     layout: the run's resolved ParallelLayout (built from cfg and the mesh's device count if None)."""
-    from jaxpar.evaluation import make_nll_fn
+    from jaxpar.run.evaluation import make_nll_fn
 
     lay = layout or build_layout(cfg, jax.device_count() if mesh is None else mesh.devices.size)
     cfg = dataclasses.replace(cfg, mesh=lay.mesh)
@@ -263,7 +263,7 @@ def device_peak_flops(cfg: Config) -> float:
 
 def resolve_layout(cfg: Config, n_devices: int) -> ParallelLayout:
     """The run's ParallelLayout for `n_devices`, after the one check that needs the backend; every
-    mesh, divisibility and pipeline rule is `jaxpar.layout.build_layout`'s."""
+    mesh, divisibility and pipeline rule is `jaxpar.parallel.layout.build_layout`'s."""
     mc = cfg.model
     if mc.attention == "cudnn" and jax.default_backend() != "gpu":
         raise ConfigError(f"model.attention=cudnn needs a GPU (this backend: {jax.default_backend()}); "

@@ -26,7 +26,7 @@ def main(path: str) -> None:
 
     from gpt2common import data, hf
     from jaxpar.config import resolve
-    from jaxpar.mesh import build_mesh, mesh_size, resolve_mesh_config
+    from jaxpar.parallel.mesh import build_mesh, mesh_size, resolve_mesh_config
     from jaxpar.train import build_trainer, make_loss_fn
 
     with open(os.path.join(path, "rows.json")) as f:

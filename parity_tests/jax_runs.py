@@ -5,7 +5,7 @@
 Request: {"args": ["key=value", ...]} — the keys `jaxpar train` would get. Reply (one stdout
 line): {"losses": [...], "grad_norms": [...], "compile_s", "run_s"} or {"error": "..."}.
 
-A run here is `jaxpar.loop.run_train` without its files: the same `resolve` + `validate` +
+A run here is `jaxpar.run.loop.run_train` without its files: the same `resolve` + `validate` +
 `check_model_vs_mesh`, the numpy init `gpt2.init_params(model, seed)` (or `load_hf(init)`), the
 same `build_trainer` step function and the same `train_batch(seed, step)` batches. The one
 difference: the mesh takes the first `mesh size` of the 8 devices (the CLI would emulate exactly
@@ -26,8 +26,8 @@ def run(args: list[str]) -> dict:
 
     from gpt2common import data, hf
     from jaxpar.config import ConfigError, resolve, validate
-    from jaxpar.mesh import build_mesh, mesh_size, resolve_mesh_config
     from jaxpar.models import gpt2
+    from jaxpar.parallel.mesh import build_mesh, mesh_size, resolve_mesh_config
     from jaxpar.train import build_trainer, check_model_vs_mesh
 
     try:

@@ -94,7 +94,7 @@ EXCLUDED = {
     "torchref *-amp amp.dtype=fp16": "GradScaler skips optimizer steps whose scaled gradients overflow (the first "
     "steps at the default 2^16 scale), so step k of the run is not step k of the reference",
     "jaxpar pipeline.schedule=circular": "needs n_layer >= pipe × repeats with repeats >= 2; gpt2-tiny has 2 layers "
-    "(tests/test_pipeline.py checks circular against gpipe on a deeper model)",
+    "(tests/parallel/test_pipeline.py checks circular against gpipe on a deeper model)",
 }
 
 

@@ -188,7 +188,7 @@ def examples(draw, slow: bool = False) -> Example:
     replicate = draw(st.lists(st.sampled_from(["embed", "attn", "mlp"]), unique=True, max_size=2))
     if replicate:  # per-group OSDP: these groups stay whole over fsdp
         jx.append(f"sharding.replicate={','.join(replicate)}")
-    # pipe > 1 with mlp_chunks > 1 was excluded until its scan-carry bug (found here) was fixed in jaxpar/ops.py
+    # pipe > 1 with mlp_chunks > 1 was excluded until its scan-carry bug (found here) was fixed in jaxpar/models/chunked.py
     mlp_chunks = _divisors(4 * n_embd, 4)
     jx += [f"model.attention={draw(st.sampled_from(['auto', 'xla']))}",  # cudnn needs a GPU
            f"train.remat={draw(st.sampled_from(['none', 'selective', 'full']))}",
@@ -216,7 +216,7 @@ class JaxRuns:
         if cls._proc is None or cls._proc.poll() is not None:
             env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
             # backend optimisation level 0: the programs are tiny, XLA's CPU compile time dominates
-            # (tests/test_sharding_equivalence.py does the same); HLO-level fusion is unchanged.
+            # (tests/parallel/test_sharding_equivalence.py does the same); HLO-level fusion is unchanged.
             env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES} "
                        "--xla_backend_optimization_level=0",
                        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))

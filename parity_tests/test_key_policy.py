@@ -157,7 +157,7 @@ CHECKED_ELSEWHERE = {
     "tokenizer": "examples read prepared token dirs; raw text goes through gpt2common.data in both (test_data.py)",
     "precision": "fp32 here; the bf16 rows of the matrix (parity_tests/matrix.py)",
     "init": "test_property_parity.test_default_train_settings_from_one_hf_init and every matrix row",
-    "pipeline.gather": "torchref has no pipeline; gather=layer vs one device in tests/test_pipeline.py",
+    "pipeline.gather": "torchref has no pipeline; gather=layer vs one device in tests/parallel/test_pipeline.py",
 }
 
 

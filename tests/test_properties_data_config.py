@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from gpt2common import data
 from gpt2common.grammar import field_types, parse_kv
 from jaxpar import config as C
-from jaxpar import mesh as M
 from jaxpar.config import Config, ConfigError, MeshConfig
+from jaxpar.parallel import mesh as M
 
 # --------------------------------------------------------------------------- data pipeline
 
@@ -193,7 +193,7 @@ AXES_ = ("data", "fsdp", "tensor", "pipe")
 @given(sizes=st.tuples(*[st.integers(1, 12)] * 4), wild=st.none() | st.integers(0, 3),
        n=st.integers(1, 5000) | st.just(-1))
 def test_mesh_sizes_resolve_to_the_device_count_or_name_it(sizes, wild, n):
-    """jaxpar.mesh.resolve_mesh_config (README "mesh.data|fsdp|tensor|pipe (one may be -1)";
+    """jaxpar.parallel.mesh.resolve_mesh_config (README "mesh.data|fsdp|tensor|pipe (one may be -1)";
     mesh.py: "The product must equal the device count"): for any sizes, at most one -1, and any
     device count n (n = -1 stands for "exactly the product"), the result has product n with the
     given axes kept and the -1 filled, in axis order; otherwise the documented one-line texts.

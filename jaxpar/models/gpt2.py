@@ -44,14 +44,14 @@ import numpy as np
 from flax import nnx
 
 from gpt2common.init import init_params, param_shapes  # noqa: F401  (numpy, shared with torchref)
-from jaxpar import ops
-from jaxpar.activations import gelu_tanh
 from jaxpar.config import ModelConfig, Remat
-from jaxpar.layernorm import layer_norm
-from jaxpar.logical import constrain
-from jaxpar.mixed_attention import causal_attention, causal_attention_qkv
-from jaxpar.precision import Policy, get_policy
-from jaxpar.softmax import causal_softmax
+from jaxpar.models import chunked
+from jaxpar.models.gelu import gelu_tanh
+from jaxpar.models.layernorm import layer_norm
+from jaxpar.models.mixed_attention import causal_attention, causal_attention_qkv
+from jaxpar.models.precision import Policy, get_policy
+from jaxpar.models.softmax import causal_softmax
+from jaxpar.parallel.logical import constrain
 
 Params = dict[str, Any]
 
@@ -129,7 +129,7 @@ class Embedding(nnx.Module):
 
 class LayerNorm(nnx.Module):
     """LayerNorm with fp32 statistics; returns the input's dtype. The backward is hand-written
-    (jaxpar.layernorm): it saves x and two (B, T, 1) stats instead of four (B, T, D) fp32 arrays."""
+    (jaxpar.models.layernorm): it saves x and two (B, T, 1) stats instead of four (B, T, D) fp32 arrays."""
 
     def __init__(self, params: Params | None, dim: int, eps: float, layers: int | None = None):
         self.weight = _weight(params, "weight", (dim,), ("embed",), layers)
@@ -165,7 +165,7 @@ class Attention(nnx.Module):
         # selective remat saves qkv (or q, k, v) and o only: the (B, N, T, T) scores and probs are recomputed
         if self._fused_core(key):
             # bf16 CPU core on the fused projection: q, k, v are sliced inside its custom VJP, so
-            # d(qkv) is one stack instead of three zero-padded slices summed (jaxpar.mixed_attention)
+            # d(qkv) is one stack instead of three zero-padded slices summed (jaxpar.models.mixed_attention)
             def core(qkv):  # (B, T, 3, N, Hd) -> (B, T, N, Hd)
                 return causal_attention_qkv(qkv, pol.compute_dtype)
 
@@ -208,7 +208,7 @@ def attention_impl(choice: str, policy: Policy, dropout: float) -> str:
 
     auto: cuDNN flash attention on GPU when it applies (bf16 operands; it has no attention
     dropout), else the einsum core, whose matmuls follow the precision policy (fp32-output
-    bf16 dots on CPU, jaxpar.precision). xla / cudnn force that implementation of
+    bf16 dots on CPU, jaxpar.models.precision). xla / cudnn force that implementation of
     jax.nn.dot_product_attention, which has no dropout (config.validate refuses them with
     model.dropout > 0)."""
     if choice != "auto":
@@ -218,7 +218,7 @@ def attention_impl(choice: str, policy: Policy, dropout: float) -> str:
 
 
 class MLP(nnx.Module):
-    """(B, T, D) -> (B, T, F) -> (B, T, D); chunks > 1 runs jaxpar.ops.chunked_mlp (train.mlp_chunks)."""
+    """(B, T, D) -> (B, T, F) -> (B, T, D); chunks > 1 runs jaxpar.models.chunked.chunked_mlp (train.mlp_chunks)."""
 
     def __init__(self, cfg: ModelConfig, policy: Policy, params: Params | None = None, *, layers: int | None = None,
                  chunks: int = 1):
@@ -230,11 +230,11 @@ class MLP(nnx.Module):
     def __call__(self, x, key=None):
         pol = self.policy
         if self.chunks > 1:
-            y = ops.chunked_mlp(x, self.c_fc.weight[...], self.c_fc.bias[...], self.c_proj.weight[...],
+            y = chunked.chunked_mlp(x, self.c_fc.weight[...], self.c_fc.bias[...], self.c_proj.weight[...],
                                 self.c_proj.bias[...], self.chunks, pol)
             return _dropout(y, self.dropout, key)
         h = pol.linear("btd,df->btf", x, self.c_fc.weight[...], self.c_fc.bias[...])
-        h = constrain(gelu_tanh(h), ("batch", "seq", "mlp"))  # fp32 math, saves only h: jaxpar.activations
+        h = constrain(gelu_tanh(h), ("batch", "seq", "mlp"))  # fp32 math, saves only h: jaxpar.models.gelu
         y = pol.linear("btf,fd->btd", h, self.c_proj.weight[...], self.c_proj.bias[...], x_elementwise=True)
         return _dropout(y, self.dropout, key)
 
@@ -277,7 +277,7 @@ def scan_unroll(n_layer: int, backend: str | None = None, remat: Remat | str = R
     which XLA merges each layer's recomputation with its forward, so remat saves nothing. One
     device, 6L D256 T256 B8, compiled temp memory, remat none / selective / full: fp32 unrolled 357.7
     each, rolled 271.9 / 245.5 / 84.1 MiB; bf16 unrolled 241.4 / 241.4 / 247.4, rolled 263.1 / 229.2
-    / 67.3 (tests/test_scan_unroll.py pins that remat=full lowers the peak). The planner counts
+    / 67.3 (tests/models/test_scan_unroll.py pins that remat=full lowers the peak). The planner counts
     the fp32 CPU copies (planner/activations.py `unrolled_layer_bytes`; jaxpar/planner/README.md,
     "Rerun 2026-11-25" and "Rerun 2026-11-26").
     On GPU: all of them up to 24 layers. One H200, bf16, seq 1024, median step rolled -> unrolled:
@@ -303,7 +303,7 @@ class GPT2(nnx.Module):
     state); None builds the abstract model, whose graphdef step functions merge weights into.
     remat: none | selective (attention scores/softmax recomputed, matmul outputs saved) | full
     (each block recomputed from its input). vocab_chunks / mlp_chunks > 1 split the head+loss /
-    the MLP into that many chunks (jaxpar.ops)."""
+    the MLP into that many chunks (jaxpar.models.chunked)."""
 
     def __init__(self, cfg: ModelConfig, params: Params | None = None, *, policy: Policy | str = "fp32",
                  remat: Remat | str = Remat.NONE, vocab_chunks: int = 1, mlp_chunks: int = 1):
@@ -347,8 +347,8 @@ class GPT2(nnx.Module):
     def head_loss(self, x, targets):  # (B, T, D), (B, T) -> mean fp32 cross-entropy
         if self.vocab_chunks == 1:
             return cross_entropy(self.head(x), targets)
-        # never materialises the (B, T, V) logits: jaxpar.ops.chunked_cross_entropy
-        return ops.chunked_cross_entropy(self.ln_f(x), self.wte.weight[...], targets, self.vocab_chunks, self.policy)
+        # never materialises the (B, T, V) logits: jaxpar.models.chunked.chunked_cross_entropy
+        return chunked.chunked_cross_entropy(self.ln_f(x), self.wte.weight[...], targets, self.vocab_chunks, self.policy)
 
     def __call__(self, tokens, key=None):  # (B, T) -> (B, T, V) fp32 logits
         k_embed = k_blocks = None

@@ -22,7 +22,7 @@ automatic over `tensor`, and the collectives are written out:
     2(d-1)/d·Ψ/f per device.
 
 Same numbers as the auto-sharded path (the sums run in another order; fp32 parity bound):
-`tests/test_sharding_equivalence.py`. Model code is unchanged: `gpt2.GPT2` embeds and
+`tests/parallel/test_sharding_equivalence.py`. Model code is unchanged: `gpt2.GPT2` embeds and
 scores with the gathered params and one layer's `gpt2.Block` (weights merged per scan step)
 runs each gathered layer; inside the shard_map only the tensor rules are in force (the batch
 dim is local).
@@ -44,11 +44,11 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.config import Config, Remat
-from jaxpar.layout import ParallelLayout
-from jaxpar.logical import activation_rules
 from jaxpar.models import gpt2
+from jaxpar.models.precision import get_policy
+from jaxpar.parallel.layout import ParallelLayout
+from jaxpar.parallel.logical import activation_rules
 from jaxpar.parallel.pipeline import _manual_spec, _varying
-from jaxpar.precision import get_policy
 
 MANUAL = ("data", "fsdp")  # shard_map is manual over the batch axes; `tensor` stays automatic
 TP_RULES = {"heads": "tensor", "mlp": "tensor", "vocab": "tensor"}  # the only auto axis inside

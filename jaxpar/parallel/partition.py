@@ -72,7 +72,7 @@ def validate_layers_per_stage(layers_per_stage: Sequence[int], n_layer: int, n_s
 
     Raises ConfigError (one line, naming the values) when the list has the wrong length,
     a stage with fewer than one layer, or a sum other than model.n_layer. (More stages than
-    layers is `jaxpar.layout`'s check, made before this one.)
+    layers is `jaxpar.parallel.layout`'s check, made before this one.)
     `stages_name` names the setting the stage count came from (e.g. "mesh.pipe×pipeline.repeats").
     """
     lps = [int(v) for v in layers_per_stage]

@@ -79,15 +79,15 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.config import Config, ModelConfig
-from jaxpar.layout import ParallelLayout, StageLayout, bubble_fraction, n_iterations, n_ticks
-from jaxpar.logical import activation_rules, spec_for
 from jaxpar.models import gpt2
-from jaxpar.precision import Policy, get_policy
+from jaxpar.models.precision import Policy, get_policy
+from jaxpar.parallel.layout import ParallelLayout, StageLayout, bubble_fraction, n_iterations, n_ticks
+from jaxpar.parallel.logical import activation_rules, spec_for
 
 # ----------------------------------------------------------------------------- schedule arithmetic
 
 
-# n_iterations (the schedule's scan length) and the bubble live in jaxpar.layout, which reports
+# n_iterations (the schedule's scan length) and the bubble live in jaxpar.parallel.layout, which reports
 # them before JAX starts; re-exported here beside the schedule they describe.
 bubble_theory = bubble_fraction  # idle fraction of stage-iterations, (S-1)/(R·M+S-1) for M >= S
 

@@ -31,7 +31,7 @@ Bubble. Idle forwards / backwards are skipped with `lax.cond` on a per-device pr
 branches contain only the automatic tensor-axis collectives, taken by all tensor peers
 together), so a fill tick costs one forward, a drain tick one backward: step time is
 (S-1)·F + M·(F+B) + (S-1)·B = (M+S-1)·(F+B), the same bubble (S-1)/(M+S-1) as GPipe
-(`jaxpar.layout.bubble_fraction`). Busy: stage s forwards in ticks [s, s+M), backwards in
+(`jaxpar.parallel.layout.bubble_fraction`). Busy: stage s forwards in ticks [s, s+M), backwards in
 [2S-2-s, 2S-2-s+M); stage S-1 does both in [S-1, S-1+M).
 
 Gradients leave the scan once: block grads reduce-scattered over fsdp (`psum_scatter`, the
@@ -44,7 +44,7 @@ Autodiff sees a `jax.custom_vjp` loss: the forward runs the whole 1F1B step and 
 grads as its residual, the backward returns cotangent·grads (float0 for the token ids), so
 `jax.value_and_grad(loss_fn)` in train.py is unchanged. Evaluation and sampling keep the
 GPipe forward (`make_pipeline_logits_fn`). Not supported (one-line errors in
-`jaxpar.layout`): repeats > 1, dropout > 0, pipeline.gather=layer.
+`jaxpar.parallel.layout`): repeats > 1, dropout > 0, pipeline.gather=layer.
 """
 
 from __future__ import annotations
@@ -59,12 +59,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.config import Config
-from jaxpar.layout import ParallelLayout, n_ticks, ring_slots
-from jaxpar.logical import activation_rules, spec_for
 from jaxpar.models import gpt2
+from jaxpar.models.precision import get_policy
 from jaxpar.parallel.fsdp import _gather
+from jaxpar.parallel.layout import ParallelLayout, n_ticks, ring_slots
+from jaxpar.parallel.logical import activation_rules, spec_for
 from jaxpar.parallel.pipeline import _manual_spec, _varying, to_stage_layout
-from jaxpar.precision import get_policy
 
 OUTER = ("wte", "wpe", "ln_f")  # the non-block params: embedding on stage 0, ln_f + tied head on S-1
 
@@ -264,7 +264,7 @@ def make_1f1b_loss_fn(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
     loss.defvjp(fwd, bwd)
 
     def loss_fn(params, inputs, targets, key=None):
-        assert key is None, "pipeline.schedule=1f1b has no dropout (jaxpar.layout refuses model.dropout > 0)"
+        assert key is None, "pipeline.schedule=1f1b has no dropout (jaxpar.parallel.layout refuses model.dropout > 0)"
         return loss(params, inputs, targets)
 
     return loss_fn

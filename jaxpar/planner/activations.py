@@ -9,17 +9,17 @@ if TYPE_CHECKING:
     from jaxpar.planner.cost import Workload
 
 # Residuals jaxpar's GPT-2 layer scan saves for backward, per T·b·D elements, counted with
-# jax.ad_checkpoint.print_saved_residuals (tests/test_model_residuals.py pins the list,
-# tests/test_planner_cost.py::test_layer_activations_match_the_census this formula). Per layer,
+# jax.ad_checkpoint.print_saved_residuals (tests/models/test_model_residuals.py pins the list,
+# tests/planner/test_planner_cost.py::test_layer_activations_match_the_census this formula). Per layer,
 # shapes (b, T, ...), compute dtype unless fp32 is written:
 #   (b, T, D)     ln_1 input, ln_1 output, ln_2 input, ln_2 output     REP_UNITS, replicated over t
 #   (b, T, 1)     fp32 mean and rstd of ln_1 and ln_2                  LN_STATS_BYTES per token
 #   (b, T, N, Hd) q, k, v, attention output                             QKVO_UNITS, split over t
 #   (b, T, 4D)    c_fc output, GELU output                              MLP_UNITS, split over t
-#   (b, N, T, T)  fp32 softmax probs (jaxpar.softmax / mixed_attention save nothing else; on CPU
+#   (b, N, T, T)  fp32 softmax probs (jaxpar.models.softmax / mixed_attention save nothing else; on CPU
 #                 mixed_attention keeps only its causal query blocks' share, see `blocks`); on GPUs
 #                 in bf16 the einsum core also keeps their bf16 copy (probs·V's operand)
-# jaxpar.layernorm's hand-written backward saves x + 2 fp32 stats where autodiff kept six fp32
+# jaxpar.models.layernorm's hand-written backward saves x + 2 fp32 stats where autodiff kept six fp32
 # (b, T, D) intermediates (recounted 2026-11-23, issue 12 residual diet). On GPUs in bf16 the
 # scan also saves each layer's compute-dtype weight casts: `estimate` adds those separately.
 REP_UNITS = 4  # compute dtype: ln_1 / ln_2 inputs and outputs, replicated over tensor
@@ -40,7 +40,7 @@ DROPOUT_MASK_BYTES = 2  # per token per hidden unit: the attention and MLP bias-
 
 def causal_blocks(T: int) -> int:
     """The number of causal query blocks jaxpar's CPU attention core splits T into (1: unblocked)."""
-    from jaxpar.mixed_attention import causal_blocks as n  # lazily: the rest of the planner needs no jax
+    from jaxpar.models.mixed_attention import causal_blocks as n  # lazily: the rest of the planner needs no jax
 
     return n(T)
 

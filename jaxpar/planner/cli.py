@@ -23,7 +23,7 @@ import sys
 
 from gpt2common.grammar import one_line, parse_kv
 from jaxpar.config import Config, ConfigError, apply_overrides, validate
-from jaxpar.layout import one_f_one_b_problem
+from jaxpar.parallel.layout import one_f_one_b_problem
 from jaxpar.planner.cost import Workload
 from jaxpar.planner.devices import parse_bytes
 from jaxpar.planner.plan import fmt_bytes, plan_for, save_plan
@@ -99,7 +99,7 @@ def parse_args(argv: list[str]) -> dict:
         "out": opts.get("out", "plan.json"),
         "sweep": sweep,
         "top": _int(opts.get("top", "5"), "top"),
-        # pipeline.schedule=1f1b has no dropout (jaxpar.layout refuses it): not searched with dropout
+        # pipeline.schedule=1f1b has no dropout (jaxpar.parallel.layout refuses it): not searched with dropout
         "space": dataclasses.replace(TRAIN_SUPPORTED if space == "train" else SearchSpace(),
                                      one_f_one_b=cfg.model.dropout == 0),
         "attention": attention,

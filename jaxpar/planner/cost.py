@@ -14,7 +14,7 @@ layers over pipe. Three OSDP groups can each be sharded (ZeRO-3 over fsdp) or re
 State bytes per element: fp32 master 4 + fp32 grad 4 + Adam m, v 8 = 16 (+4 for the grad
 accumulator when M > 1).
 
-Activations saved per layer per microbatch (the layer scan's residuals, tests/test_model_residuals.py;
+Activations saved per layer per microbatch (the layer scan's residuals, tests/models/test_model_residuals.py;
 no dropout masks, no sequence parallelism):  T·b·D·cb·(4 + 12/t) + T·b·16  [ln_1 in/out, ln_2 in/out
 replicated, their fp32 mean/rstd (T, b, 1) ×4; q, k, v, attn out, fc out, gelu out split over t]
 +  N·T²·b/t·4  [fp32 softmax probs; + cb for their compute-dtype copy in bf16 on GPUs; × (nb+1)/(2nb) for
@@ -59,7 +59,7 @@ import functools
 from dataclasses import dataclass, field
 
 from jaxpar.config import ModelConfig
-from jaxpar.groups import GROUP_NAMES
+from jaxpar.parallel.groups import GROUP_NAMES
 from jaxpar.parallel.partition import partition_layers
 from jaxpar.planner.activations import (  # noqa: F401  (re-exported: per-layer activation bytes)
     DROPOUT_MASK_BYTES,
@@ -76,14 +76,14 @@ from jaxpar.planner.activations import (  # noqa: F401  (re-exported: per-layer 
 )
 from jaxpar.planner.devices import DeviceSpec
 
-GROUPS = GROUP_NAMES  # the OSDP groups (jaxpar.groups)
+GROUPS = GROUP_NAMES  # the OSDP groups (jaxpar.parallel.groups)
 REMAT = ("none", "selective", "full")
 STATE_BYTES = 16  # fp32 master 4 + grad 4 + Adam m 4 + v 4
-# Device placements, mesh axes outermost first. jaxpar.mesh builds Megatron-LM's rank layout
+# Device placements, mesh axes outermost first. jaxpar.parallel.mesh builds Megatron-LM's rank layout
 # (mesh.PLACEMENT: tensor innermost, pipeline stages strided by n/p); until 2026-11-23 it built
 # PIPE_INNERMOST_ORDER, which the "before" columns of benchmarks/published_configs.py still cost.
 MEGATRON_ORDER = ("pipe", "data", "fsdp", "tensor")
-JAXPAR_ORDER = MEGATRON_ORDER  # == jaxpar.mesh.PLACEMENT (tests/test_planner_cost.py)
+JAXPAR_ORDER = MEGATRON_ORDER  # == jaxpar.parallel.mesh.PLACEMENT (tests/planner/test_planner_cost.py)
 PIPE_INNERMOST_ORDER = ("data", "fsdp", "tensor", "pipe")
 ONE_F_CARRIED = 2  # (b, T, D) transfers the 1f1b scan carries besides its ring (see estimate)
 GATHER_LIVE = 3  # pipeline.gather=layer: fp32 copies of one layer's gathered weights live at once
@@ -120,7 +120,7 @@ class Strategy:
     vocab_chunks: int = 1  # chunked logits + cross-entropy (token chunks, recomputed in backward)
     mlp_chunks: int = 1  # chunked MLP (sequence chunks, fc/gelu recomputed in backward)
     # Device placement: mesh axes from outermost (slowest-varying device index) to innermost.
-    # JAXPAR_ORDER is what jaxpar.mesh builds: Megatron-LM's rank layout (tensor groups are
+    # JAXPAR_ORDER is what jaxpar.parallel.mesh builds: Megatron-LM's rank layout (tensor groups are
     # consecutive ranks, pipeline groups strided by n/p: megatron/core/parallel_state.py).
     order: tuple[str, ...] = JAXPAR_ORDER
     # Pipeline engine. "jaxpar" is what parallel/pipeline.py runs (GPipe-order scan, every stage
@@ -308,7 +308,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     sec = share / (peak * eff)
 
     # The layer scan saves its residuals in the compute dtype even on XLA:CPU (bf16 there too:
-    # tests/test_model_residuals.py), and the bf16 copy of the probs only on GPUs (see above).
+    # tests/models/test_model_residuals.py), and the bf16 copy of the probs only on GPUs (see above).
     # The saved probs of the CPU core's causal query blocks: memory and the residual-stacking traffic
     # below. The FLOPs and the 5-pass traffic still count the full T x T (the cpu row was fitted so).
     nb = causal_blocks(T) if dev.causal_blocks and w.attention != "flash" and not mgl else 1

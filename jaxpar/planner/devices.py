@@ -50,7 +50,7 @@ class DeviceSpec:
     mem_bandwidth: float = 0.0  # elementwise traffic, bytes/s; 0: not modelled (fused away, see README)
     shared_host: bool = False  # True: emulated devices share one host; peak and mem_bandwidth are the host's
     hbm_bandwidth: float = 0.0  # accelerator memory bytes/s for memory-bound (elementwise) kernels; 0: not modelled
-    causal_blocks: bool = False  # True: the attention core runs by causal query blocks (jaxpar.mixed_attention on XLA:CPU)
+    causal_blocks: bool = False  # True: the attention core runs by causal query blocks (jaxpar.models.mixed_attention on XLA:CPU)
     # True: XLA:CPU's unrolled layer loop (gpt2.scan_unroll), whose fp32 step keeps more than the rolled
     # scan (activations.unrolled_layer_bytes). GPUs unroll too (up to 24 layers), memory unmeasured: False.
     unrolled_fp32: bool = False

@@ -230,5 +230,5 @@ def plan_auto(cfg, n_devices: int, device: str = "cpu", memory_limit: float | No
     from jaxpar.planner.search import SearchSpace
 
     w = Workload(cfg.model, cfg.train.batch_size, cfg.train.seq_len, cfg.precision)
-    # pipeline.schedule=1f1b has no dropout (jaxpar.layout refuses it): not offered with dropout
+    # pipeline.schedule=1f1b has no dropout (jaxpar.parallel.layout refuses it): not offered with dropout
     return plan_for(w, n_devices, device, memory_limit, space=SearchSpace(one_f_one_b=cfg.model.dropout == 0))[0]

@@ -34,7 +34,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from jaxpar.layout import mesh_problem
+from jaxpar.parallel.layout import mesh_problem
 from jaxpar.planner.cost import (
     GATHER_LIVE,
     GROUPS,
@@ -69,7 +69,7 @@ class SearchSpace:
     # 1f1b's memory does not grow with M beyond its 2S-1 ring, and more microbatches shrink the
     # bubble, so pipelines want M in the hundreds (Megatron's 1T run: 512); was 64 before 1f1b
     max_microbatches: int = 1024
-    # device placement the strategies are costed with (cost.Strategy.order); jaxpar.mesh builds
+    # device placement the strategies are costed with (cost.Strategy.order); jaxpar.parallel.mesh builds
     # JAXPAR_ORDER only, so anything else is a what-if (benchmarks/published_configs.py)
     order: tuple[str, ...] = JAXPAR_ORDER
     # pipeline engine (cost.Strategy.engine); "megatron" is a what-if jaxpar cannot run
@@ -157,7 +157,7 @@ def divisors(n: int) -> list[int]:
 def meshes(w: Workload, n_devices: int, pipeline: bool = True,
            fixed: Fixed = Fixed()) -> list[tuple[int, int, int, int]]:
     """(data, fsdp, tensor, pipe) with product n_devices that sharding can realise
-    (`jaxpar.layout.mesh_problem`, the predicate `jaxpar train` validates with: tensor divides
+    (`jaxpar.parallel.layout.mesh_problem`, the predicate `jaxpar train` validates with: tensor divides
     n_head, n_embd, 4·n_embd and vocab; fsdp divides n_embd; pipe <= n_layer; data·fsdp divides
     the global batch). Axes fixed in `fixed` keep their value; fixed pipeline settings keep pipe > 1 only."""
     m = w.model
@@ -261,7 +261,7 @@ def _options(w: Workload, mesh, space: SearchSpace, fixed: Fixed = Fixed()):
     else:
         groups = [()]
     vcs = [v for v in space.vocab_chunks if v == 1 or (w.seq_len * 1) % v == 0]
-    # jaxpar.ops.chunked_mlp: strided chunks of the 4D hidden dim, each split evenly over tensor
+    # jaxpar.models.chunked.chunked_mlp: strided chunks of the 4D hidden dim, each split evenly over tensor
     mcs = [c for c in space.mlp_chunks if c == 1 or (4 * w.model.n_embd) % (c * mesh[2]) == 0]
     # pipeline.py rematerialises whole stages itself: inner remat policies change nothing there
     # (Megatron's engine, a what-if, applies them per layer)

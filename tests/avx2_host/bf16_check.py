@@ -1,10 +1,10 @@
-"""One small bf16 check and the state of every cap, as JSON on stdout (tests/test_avx2_host.py runs it
+"""One small bf16 check and the state of every cap, as JSON on stdout (tests/bench/test_avx2_host.py runs it
 under the emulation; `python -m tests.avx2_host python -m tests.avx2_host.bf16_check` by hand).
 
 gpt2-tiny (L=2, D=128), B=8, T=32, seed 0, one batch: precision=bf16 vs fp32 at the same weights:
   loss_rel     |loss_bf16 - loss_fp32| / |loss_fp32|            (bound: parity.bf16.loss)
   grad_l2_rel  worst tensor of ||g_bf16 - g_fp32||_2 / ||g_fp32||_2 (bound: parity.bf16.grad_l2)
-  logits_rel   the ODD shape of tests/test_model.py (L=3), max|diff| / max|logit| (model.bf16.logits)
+  logits_rel   the ODD shape of tests/models/test_model.py (L=3), max|diff| / max|logit| (model.bf16.logits)
 The bounds are the ones this process's jaxpar.tolerances gives (x BF16_HOST_FACTOR)."""
 
 import json
@@ -14,12 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpar import precision
 from jaxpar import tolerances as T
 from jaxpar.config import PRESETS, ModelConfig
-from jaxpar.models import gpt2
+from jaxpar.models import gpt2, precision
 
-ODD = ModelConfig(n_layer=3, n_embd=60, n_head=5, vocab_size=101, n_positions=40)  # tests/test_model.py
+ODD = ModelConfig(n_layer=3, n_embd=60, n_head=5, vocab_size=101, n_positions=40)  # tests/models/test_model.py
 
 
 def loss_and_grads(cfg, params, tokens, policy):

@@ -1,4 +1,4 @@
-"""Import watch for tests/test_torchref_no_jax.py, active only where that test puts this folder
+"""Import watch for tests/torchref/test_torchref_no_jax.py, active only where that test puts this folder
 on PYTHONPATH (Python imports `sitecustomize` from sys.path at start-up).
 
 In a process whose `sys.argv[0]` ends with one of $JAXFREE_WATCH (comma-separated, e.g.

@@ -1,0 +1,245 @@
+"""The CLI's commands. Each takes argv (after the command name) and returns an exit code.
+
+JAX-importing modules are imported inside the functions, after `_devices_for()` has had
+the chance to ask XLA for emulated CPU devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+from gpt2common.grammar import parse_kv
+from jaxpar import config as C
+from jaxpar.config import ConfigError
+
+
+def _parse(argv: list[str]) -> C.Config:
+    """--config FILE + key=value args -> validated Config."""
+    from jaxpar.config import split_config_flag
+
+    path, rest = split_config_flag(argv)
+    return C.resolve(rest, path)
+
+
+def _devices_for(cfg: C.Config) -> None:
+    """`jaxpar.parallel.mesh.setup_devices` for cfg's mesh (before JAX initialises)."""
+    from jaxpar.parallel import mesh
+
+    mesh.setup_devices(cfg.mesh)
+
+
+def train(argv: list[str], dry_run: bool = False) -> int:
+    from jaxpar.config import split_config_flag
+    from jaxpar.run.rundir import resolve_train
+
+    path, rest = split_config_flag(argv)
+    cfg = resolve_train(parse_kv(rest), path)  # resume=true: the run's own config.json + these keys
+    if cfg.plan:
+        from jaxpar.planner.apply import apply_plan  # noqa: PLC0415
+
+        cfg = apply_plan(cfg)
+    _devices_for(cfg)
+    if dry_run or cfg.dry_run:
+        from jaxpar.run.inspection import run_inspect
+
+        return run_inspect(cfg)
+    from jaxpar.run.loop import run_train
+
+    return run_train(cfg)
+
+
+def inspect(argv: list[str]) -> int:
+    return train(argv, dry_run=True)
+
+
+def prepare(argv: list[str]) -> int:
+    from gpt2common import data
+
+    kv = parse_kv(argv)
+    unknown = set(kv) - {"input", "out", "tokenizer"}
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))} (valid: input, out, tokenizer)")
+    if "out" not in kv:
+        raise ConfigError("prepare needs out=<dir>")
+    held = [f for f in ("meta.json", "train.bin", "val.bin") if os.path.exists(os.path.join(kv["out"], f))]
+    if held:  # a run may be reading it: replacing it silently would change that run's data
+        raise ConfigError(f"out={kv['out']!r} already holds prepared data ({', '.join(held)}); "
+                          "choose a new out= or delete it first")
+    src = kv.get("input", "")
+    text = data.builtin_text() if not src else data.read_input(src)
+    # each split must hold one window of the shortest sequence (seq_len 1: 2 tokens), or the
+    # first run on it stops at an empty train.bin
+    meta = data.prepare(text, kv["out"], kv.get("tokenizer", "byte"), source=src or data.BUILTIN_CORPUS, min_tokens=2)
+    print(json.dumps(meta))
+    return 0
+
+
+def run_config(checkpoint: str) -> C.Config:
+    """The Config a run dir was trained with (its config.json), or ConfigError. No JAX."""
+    try:
+        with open(os.path.join(checkpoint, "config.json")) as f:
+            return C.from_dict(json.load(f))
+    except FileNotFoundError:
+        raise ConfigError(f"checkpoint={checkpoint!r} has no config.json (not a jaxpar run dir)") from None
+    except (json.JSONDecodeError, TypeError, ConfigError):
+        raise ConfigError(f"checkpoint={checkpoint!r}: config.json is corrupt") from None
+
+
+def load_model(checkpoint: str = "", hf_dir: str = ""):
+    """(Config of the run or a default one, params) from a run dir or HF dir, on one device
+    (the first), whatever mesh wrote the checkpoint. For mesh placement see `jaxpar.run.infer`."""
+    from gpt2common import hf
+
+    if hf_dir:
+        mc, params = hf.load_hf(hf_dir)
+        return C.Config(model=mc, model_name=f"hf:{hf_dir}"), params
+    import jax
+
+    from jaxpar.models import gpt2
+    from jaxpar.run.checkpoint import restore
+
+    run_cfg = run_config(checkpoint)
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
+                            gpt2.abstract_params(run_cfg.model))
+    return run_cfg, restore(checkpoint, abstract).params
+
+
+def _inference_base(checkpoint: str, hf_dir: str) -> tuple[C.Config, dict | None]:
+    """Base config for eval/sample: the run's own (or the HF model's) with one device and exact
+    fp32 as defaults; `mesh.*`, `pipeline.*`, `precision` given by the user apply on top.
+    Host params too when loading an HF dir (a checkpoint is read after the devices exist)."""
+    if hf_dir:
+        from gpt2common import hf
+
+        mc, params = hf.load_hf(hf_dir)
+        return C.Config(model=mc, model_name=f"hf:{hf_dir}", precision="fp32"), params
+    return dataclasses.replace(run_config(checkpoint), mesh=C.MeshConfig(), precision="fp32"), None
+
+
+def evaluate(argv: list[str]) -> int:
+    """Loss over windows k*T..k*T+T of val.bin (or a .bin); prints {"loss","perplexity","tokens"}.
+    Runs on one device, or on the mesh given by `mesh.*` (through the pipeline if mesh.pipe > 1)."""
+    import math
+
+    from gpt2common import data as data_lib
+    from jaxpar.config import split_config_flag
+
+    path, rest = split_config_flag(argv)
+    kv = parse_kv(rest)
+    ckpt, hf_dir, data_arg = kv.pop("checkpoint", ""), kv.pop("hf", ""), kv.pop("data", "")
+    if bool(ckpt) == bool(hf_dir):
+        raise ConfigError("eval needs exactly one of checkpoint=<run dir> or hf=<dir>")
+    if not data_arg:
+        raise ConfigError("eval needs data=<prepared dir | .bin file>")
+    base, hf_params = _inference_base(ckpt, hf_dir)
+    cfg = C.resolve_kv(kv, path, base)
+    if os.path.isdir(data_arg):
+        data_lib.read_meta(data_arg, cfg.model.vocab_size)
+        tokens = data_lib.load_tokens(os.path.join(data_arg, "val.bin"))
+    else:
+        tokens = data_lib.load_tokens(data_arg)
+    if int(tokens.max()) >= cfg.model.vocab_size:
+        raise ConfigError(f"data={data_arg!r} holds token id {int(tokens.max())} >= model.vocab_size="
+                          f"{cfg.model.vocab_size}")
+    T = cfg.train.seq_len
+    xs, ys = data_lib.eval_windows(tokens, T, cfg.eval.windows)
+    _devices_for(cfg)
+    import jax
+
+    from jaxpar.run import infer
+    from jaxpar.run.evaluation import mean_loss
+
+    runner = infer.build_runner(cfg)
+    params = runner.load(ckpt, hf_params)
+    B = runner.cfg.train.batch_size
+    total, n = mean_loss(runner.nll, runner.put, params, ((xs[i:i + B], ys[i:i + B]) for i in range(0, len(xs), B)), B)
+    loss = total / n
+    if not math.isfinite(loss):
+        raise ConfigError(f"the loss of {ckpt or hf_dir!r} on data={data_arg!r} is {loss}: the weights are not usable")
+    if jax.process_index() == 0:
+        print(json.dumps({"loss": loss, "perplexity": math.exp(loss), "tokens": n}))
+    return 0
+
+
+SAMPLE_KEYS = ("checkpoint", "prompt", "max_new_tokens", "temperature", "top_k", "seed")
+
+
+def sample(argv: list[str]) -> int:
+    """Generate from a run dir on one device, or on the mesh given by `mesh.*` / `pipeline.*`."""
+    kv = parse_kv(argv)
+    opts = {k: v for k, v in kv.items() if k in SAMPLE_KEYS}
+    over = {k: v for k, v in kv.items() if k not in SAMPLE_KEYS}
+    unknown = [k for k in over if not (k.startswith(("mesh.", "pipeline.")) or k == "precision")]
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))} (valid: {', '.join(sorted(SAMPLE_KEYS))}, "
+                          f"mesh.*, pipeline.*, precision)")
+    if not opts.get("checkpoint"):
+        raise ConfigError("sample needs checkpoint=<run dir>")
+    base, _ = _inference_base(opts["checkpoint"], "")
+    cfg = C.resolve_kv(over, None, base)
+    from jaxpar.run.sample import run_sample
+
+    return run_sample(opts, cfg)
+
+
+def convert(argv: list[str]) -> int:
+    from gpt2common import hf
+
+    kv = parse_kv(argv)
+    from gpt2common.outdir import check_writable
+
+    if set(kv) == {"hf", "out"}:
+        from jaxpar.run.checkpoint import Checkpointer
+
+        check_writable(kv["out"], "out")
+        if os.path.isdir(kv["out"]) and os.listdir(kv["out"]):
+            raise ConfigError(f"out={kv['out']!r} is not empty")
+        mc, params = hf.load_hf(kv["hf"])
+        # a model with fewer positions than the default window gets a window it can run (sample, eval)
+        train = C.TrainConfig(seq_len=min(C.TrainConfig.seq_len, mc.n_positions))
+        cfg = C.Config(model=mc, model_name=f"hf:{kv['hf']}", init=kv["hf"], out=kv["out"], train=train)
+        os.makedirs(kv["out"], exist_ok=True)
+        with open(os.path.join(kv["out"], "config.json"), "w") as f:
+            f.write(C.dumps(cfg))
+        ck = Checkpointer(kv["out"])
+        ck.save(0, {"params": params}, {"step": 0, "seed": cfg.seed, "source": kv["hf"]})
+        ck.close()
+        print(f"converted {kv['hf']} -> {kv['out']} ({mc.num_params():,} params)")
+        return 0
+    if set(kv) == {"checkpoint", "to_hf"}:
+        check_writable(kv["to_hf"], "to_hf")
+        if os.path.isdir(kv["to_hf"]) and os.listdir(kv["to_hf"]):
+            raise ConfigError(f"to_hf={kv['to_hf']!r} is not empty")
+        cfg, params = load_model(kv["checkpoint"])
+        hf.save_hf(kv["to_hf"], cfg.model, params)
+        print(f"exported {kv['checkpoint']} -> {kv['to_hf']} (transformers safetensors)")
+        return 0
+    raise ConfigError(f"convert takes hf=DIR out=DIR or checkpoint=DIR to_hf=DIR (got {', '.join(sorted(kv)) or 'nothing'})")
+
+
+def plot(argv: list[str]) -> int:
+    from jaxpar.run.plot import plot_run
+
+    kv = parse_kv(argv)
+    if set(kv) - {"run", "out"} or "run" not in kv:
+        raise ConfigError("plot takes run=<run dir> [out=<png>]")
+    path = plot_run(kv["run"], kv.get("out"))
+    print(path)
+    return 0
+
+
+def mesh(argv: list[str]) -> int:
+    cfg = _parse(argv)
+    _devices_for(cfg)
+    from jaxpar.parallel import mesh as mesh_lib
+
+    print(mesh_lib.describe(mesh_lib.build_mesh(cfg.mesh)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(train(sys.argv[1:]))

@@ -1,0 +1,148 @@
+"""`jaxpar launch nprocs=N [port=P] [grace=S] -- <command ...>`: run N local processes as one job.
+
+Each child runs `python -m jaxpar.cli <command ...>` with JAXPAR_COORDINATOR /
+JAXPAR_NUM_PROCESSES / JAXPAR_PROCESS_ID set; `jaxpar.parallel.mesh.maybe_initialize_distributed`
+turns those into `jax.distributed.initialize` with gloo CPU collectives, and each child
+emulates mesh-size / N CPU devices. Example (4 devices as 2 processes × 2):
+
+    jaxpar launch nprocs=2 -- train model=gpt2-tiny mesh.data=4 train.steps=5 out=runs/mp
+
+Failure handling: if any child exits non-zero (or is killed), the others get SIGTERM and,
+after `grace` seconds, SIGKILL; the launcher exits with the failed child's code (128+signal
+for a signal). So a dead rank never leaves the rest hanging in a collective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from gpt2common.grammar import parse_kv
+from jaxpar.config import ConfigError
+
+KEYS = {"nprocs", "port", "grace"}
+SETTLE_S = 3.0  # after a rank fails, how long the others get to exit by themselves
+LOST_PEER_EXIT = 3  # a rank that cannot reach its peers (jaxpar.run.loop, jaxpar.parallel.mesh): a consequence, not a cause
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse(argv: list[str]) -> tuple[dict, list[str]]:
+    if "--" not in argv:
+        raise ConfigError("launch needs `--` before the command, e.g. jaxpar launch nprocs=2 -- train ...")
+    i = argv.index("--")
+    opts, cmd = argv[:i], argv[i + 1:]
+    kv = {}
+    for a in opts:
+        k, sep, v = a.partition("=")
+        if not sep or k not in KEYS:
+            raise ConfigError(f"launch: unknown argument {a!r} (valid: nprocs=N, port=P, grace=SECONDS)")
+        try:
+            kv[k] = int(v)
+        except ValueError:
+            raise ConfigError(f"launch: {k}={v!r} is not an integer") from None
+    n = kv.get("nprocs", 0)
+    if n < 1:
+        raise ConfigError(f"launch: nprocs={n} must be >= 1")
+    if not cmd:
+        raise ConfigError("launch: no command after `--`")
+    if cmd[0] == "launch":
+        raise ConfigError("launch: the command cannot itself be `launch`")
+    return kv, cmd
+
+
+def _exit_code(rc: int) -> int:
+    return 128 - rc if rc < 0 else rc
+
+
+def precheck(cmd: list[str], n: int) -> None:
+    """Settings errors of a train/inspect/mesh command, found here once, before any process
+    starts: otherwise every rank would report the same error (or none would start right)."""
+    if cmd[0] not in ("train", "inspect", "mesh"):
+        return
+    from jaxpar import config as C
+    from jaxpar.config import split_config_flag
+    from jaxpar.parallel.mesh import mesh_size
+    from jaxpar.run.rundir import resolve_train
+
+    path, rest = split_config_flag(cmd[1:])
+    cfg = C.resolve(rest, path) if cmd[0] == "mesh" else resolve_train(parse_kv(rest), path)
+    sizes = dataclasses.asdict(cfg.mesh)
+    if -1 not in sizes.values() and mesh_size(cfg.mesh) % n:
+        shown = "×".join(f"{k}={v}" for k, v in sizes.items())
+        raise ConfigError(f"mesh {shown} ({mesh_size(cfg.mesh)} devices) cannot be split evenly over {n} processes")
+
+
+def main(argv: list[str]) -> int:
+    kv, cmd = parse(argv)
+    n, grace = kv["nprocs"], kv.get("grace", 10)
+    precheck(cmd, n)
+    port = kv.get("port") or free_port()
+    procs: list[subprocess.Popen] = []
+    for rank in range(n):
+        env = dict(os.environ, JAXPAR_COORDINATOR=f"127.0.0.1:{port}", JAXPAR_NUM_PROCESSES=str(n),
+                   JAXPAR_PROCESS_ID=str(rank))
+        procs.append(subprocess.Popen([sys.executable, "-m", "jaxpar.cli", *cmd], env=env))
+
+    def stop_all(sig=signal.SIGTERM):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.1)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    forwarded = []
+
+    def forward(signum, frame):  # Ctrl-C / SIGTERM: every child stops at its next step (checkpoint)
+        forwarded.append(signum)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    for s in old:
+        signal.signal(s, forward)
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed and not forwarded:
+                # Ranks that fail together (a bad input all of them see, a non-finite step) exit
+                # on their own within moments, each having decided alone; a rank that lost a
+                # dead peer exits with LOST_PEER_EXIT. Only a rank still running needs stopping.
+                settle = time.monotonic() + min(grace, SETTLE_S)
+                while time.monotonic() < settle and any(p.poll() is None for p in procs):
+                    time.sleep(0.1)
+                codes = [p.poll() for p in procs]
+                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                rank, code = min(failed, key=lambda rc: rc[1] == LOST_PEER_EXIT)  # the root cause first
+                alive = [r for r, c in enumerate(codes) if c is None]
+                # Exit code 2 is a user error its rank has already put in one line; say nothing more.
+                if alive or _exit_code(code) != 2:
+                    sys.stderr.write(f"error: process {rank} exited with code {_exit_code(code)}"
+                                     + (f"; stopping processes {', '.join(map(str, alive))}" if alive else "") + "\n")
+                    sys.stderr.flush()
+                stop_all()
+                return _exit_code(code) or 1
+            if all(c is not None for c in codes):
+                return max((_exit_code(c) for c in codes), default=0)
+            time.sleep(0.1)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if any(p.poll() is None for p in procs):
+            stop_all(signal.SIGKILL)

@@ -1,0 +1,310 @@
+"""`jaxpar train`: the training loop around `train.build_trainer`.
+
+Order matters for "nothing lost or overwritten": every check that can fail on bad
+input (run dir, model, mesh, data) happens before the first byte is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gpt2common import data as data_lib
+from gpt2common import hf
+from gpt2common.outdir import make_out
+from gpt2common.writes import WriteFailed, write_atomic
+from jaxpar.config import Config, ConfigError, dumps, validate
+from jaxpar.models import gpt2
+from jaxpar.parallel.layout import ParallelLayout
+from jaxpar.run import rundir
+from jaxpar.run.checkpoint import Checkpointer, restore
+from jaxpar.run.evaluation import mean_loss
+from jaxpar.run.launch import LOST_PEER_EXIT
+from jaxpar.run.metrics import METRICS_FILE, MetricsLogger, truncate_after
+from jaxpar.train import build_trainer, device_peak_flops, resolve_layout
+
+
+class _StopFlag:
+    """SIGTERM/SIGINT -> stop at the next step boundary (checkpoint, then exit 0)."""
+
+    def __init__(self):
+        self.signum = None
+        self._old = {}
+
+    def __enter__(self):
+        for s in (signal.SIGTERM, signal.SIGINT):
+            self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def prepare_config(cfg: Config) -> tuple[Config, ParallelLayout, dict | None]:
+    """Resolve what depends on the machine and inputs: HF init weights, the layout. No writes."""
+    init_params = None
+    if cfg.init:
+        model_cfg, init_params = hf.load_hf(cfg.init)
+        # The shape comes from the weights; dropout is a training choice (nanoGPT's from_pretrained
+        # override): model.dropout (default 0), never the HF config's resid_pdrop (0.1 in OpenAI's GPT-2).
+        model_cfg = dataclasses.replace(model_cfg, dropout=cfg.model.dropout)
+        cfg = dataclasses.replace(cfg, model=model_cfg, model_name=f"hf:{cfg.init}")
+    validate(cfg)
+    layout = resolve_layout(cfg, jax.device_count())  # every parallel decision, validated once
+    for w in layout.warnings:
+        print(w, file=sys.stderr)
+    return dataclasses.replace(cfg, mesh=layout.mesh), layout, init_params
+
+
+def _latest_step(out: str) -> int | None:
+    ck = Checkpointer(out, create=False)
+    try:
+        return ck.latest_step()
+    finally:
+        ck.close()
+
+
+def evaluate(trainer, params, ds: data_lib.Dataset, cfg: Config) -> float:
+    """Mean loss over `train.eval_batches` fixed validation batches (jaxpar.run.evaluation, as `jaxpar eval`)."""
+    tc = cfg.train
+    batches = (data_lib.val_batch(ds, tc.seq_len, tc.batch_size, cfg.seed, i) for i in range(tc.eval_batches))
+    total, n = mean_loss(trainer.eval_fn, trainer.put_batch, params, batches, tc.batch_size)
+    return total / n
+
+
+def _fault_injection() -> tuple[int, int] | None:
+    """`JAXPAR_FAULT_SIGNAL=<SIGNAL>@<step>[@<rank>]`: this process sends itself the signal once
+    step <step>'s metrics are written (tests: a kill -9 or SIGTERM at an exact step, race-free)."""
+    spec = os.environ.get("JAXPAR_FAULT_SIGNAL")
+    if not spec:
+        return None
+    name, step, *rank = spec.split("@")
+    if rank and int(rank[0]) != jax.process_index():
+        return None
+    return int(step), int(getattr(signal, name))
+
+
+def _prepare_data(cfg: Config, is_main: bool) -> data_lib.Dataset:
+    """Raw text is tokenized into the run dir after its checks pass (process 0 writes; the
+    others wait for it); a prepared dir is used in place. Token ids are checked against the vocab."""
+    tc = cfg.train
+    if is_main:
+        path = data_lib.resolve_data(cfg.data, cfg.tokenizer, cfg.out, tc.seq_len, cfg.model.vocab_size)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("jaxpar:data")
+    if not is_main:
+        path = data_lib.resolve_data(cfg.data, cfg.tokenizer, cfg.out, tc.seq_len, cfg.model.vocab_size)
+    return data_lib.Dataset.open(path, cfg.model.vocab_size, tc.seq_len)
+
+
+class NonFinite(Exception):
+    """A step's loss or gradient norm was not finite (its update was not applied)."""
+
+
+def nonfinite_message(n: int, loss: float, gnorm: float, out: str) -> str:
+    """The error line of a run stopped at non-finite step `n`, naming the newest checkpoint step
+    dir in `out` (the one `resume=true` would continue from)."""
+    last = rundir.checkpoint_steps(out)  # ascending
+    return (f"step {n}: non-finite loss or gradient norm (loss={loss}, grad_norm={gnorm}); the update was not "
+            f"applied and the run stopped (last checkpoint: {'step ' + str(last[-1]) if last else 'none'}); "
+            f"lower train.lr, or pass train.skip_nonfinite=true to skip such batches")
+
+
+def run_train(cfg: Config) -> int:
+    cfg, layout, init_params = prepare_config(cfg)
+    resume_step, restart = rundir.check_out_dir(cfg, _latest_step)  # writes nothing
+    is_main = jax.process_index() == 0
+    # Signals from here on stop the run at a step boundary: one before the first step is
+    # carried by step 1, so all processes agree and a checkpoint is written.
+    with _StopFlag() as stop:
+        if is_main:
+            make_out(cfg.out)
+        ds = _prepare_data(cfg, is_main)
+        trainer = build_trainer(cfg, layout=layout)
+        state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step)
+        ckpt = Checkpointer(cfg.out)  # after the restore, which may have moved damaged steps aside
+        try:
+            return _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, stop, is_main)
+        except jax.errors.JaxRuntimeError as e:
+            if jax.process_count() == 1:
+                raise
+            _lost_peer(e)
+        finally:
+            ckpt.close()
+
+
+def _lost_peer(e: Exception) -> None:
+    """A collective failed because a peer died (gloo: connection reset). One line and out at
+    once: JAX's exit handler would wait on a shutdown barrier the dead peer never reaches, then
+    abort with pages of coordination-service logs."""
+    msg = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    sys.stdout.flush()
+    sys.stderr.write(f"error: process {jax.process_index()} lost contact with its peers ({msg}); "
+                     f"resume=true continues from the last complete checkpoint\n")
+    sys.stderr.flush()
+    os._exit(LOST_PEER_EXIT)
+
+
+def _initial_state(cfg, trainer, init_params, resume_step) -> tuple[dict, int, int]:
+    """(state, start step, non-finite steps skipped so far): fresh, or the newest intact
+    checkpoint resharded onto this mesh (damaged steps skipped, see jaxpar.run.checkpoint.restore)."""
+    if resume_step is None:
+        params = init_params if init_params is not None else gpt2.init_params(cfg.model, cfg.seed)
+        return trainer.init_state(params), 0, 0
+    target = trainer.abstract_state()
+
+    def accept(step: int) -> None:  # checked before damaged steps are moved aside: a refusal moves nothing
+        if step > cfg.train.steps:
+            raise ConfigError(f"train.steps={cfg.train.steps} is below the step of the checkpoint to resume ({step})")
+
+    r = restore(cfg.out, target["params"], target["opt_state"], quarantine=True, key="out", accept=accept)
+    state = {"step": jax.device_put(np.int32(r.step), trainer.state_shardings["step"]),
+             "params": r.params, "opt_state": r.opt_state}
+    return state, r.step, int(r.meta.get("nonfinite_skipped", 0))
+
+
+def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, stop, is_main) -> int:
+    tc = cfg.train
+    # Written only now, after the config, data and checkpoint checked out.
+    if is_main:
+        print(f"jaxpar train: {cfg.model_name} ({cfg.model.num_params():,} params), mesh {dataclasses.asdict(cfg.mesh)}, "
+              f"{jax.device_count()} devices / {jax.process_count()} processes, precision {cfg.precision}")
+        print("config: " + json.dumps(dataclasses.asdict(cfg), separators=(",", ":")))
+        write_atomic(os.path.join(cfg.out, "config.json"), dumps(cfg))  # a resume's old one survives a failure
+        truncate_after(os.path.join(cfg.out, METRICS_FILE), start)  # a resume rewrites what came after
+
+    tokens_per_step = tc.batch_size * tc.seq_len
+    flops_tok = cfg.model.flops_per_token(tc.seq_len)
+    peak = device_peak_flops(cfg) * jax.device_count()
+    logger = MetricsLogger(cfg.out, tc.steps, start, cfg.progress, enabled=is_main, print_every=tc.log_every)
+    if resume_step is not None:
+        logger.message(f"resumed from step {start} ({os.path.join(cfg.out, 'ckpt')})")
+    elif restart:
+        logger.message(f"out={cfg.out} held a run that failed before its first checkpoint; starting it over")
+    fault = _fault_injection()
+
+    def save(step):
+        try:
+            ckpt.save(step, state, {"step": step, "seed": cfg.seed, "nonfinite_skipped": skipped})
+        except WriteFailed as e:
+            raise WriteFailed(f"step {step}: {e}") from None
+
+    def put(step):  # host gather + transfer of step `step`'s batch
+        x, y = data_lib.train_batch(ds, tc.seq_len, tc.batch_size, cfg.seed, step)
+        return trainer.put_batch(x), trainer.put_batch(y)
+
+    # Compile ahead of time so step 1's time and MFU exclude compilation. Multi-process runs
+    # then line up: gloo gives a peer only 30 s to join a collective's first use, and compile
+    # times differ per process.
+    batch = put(start)
+    step_fn = trainer.loop_step_fn.lower(state, *batch, trainer.put_flag(False)).compile()
+    if jax.process_count() > 1:
+        from jaxpar.parallel.mesh import barrier
+
+        barrier("jaxpar:first-step")
+
+    # Host-side tables, so reading a step's metrics dispatches no JAX op: the lr of every step
+    # (one compile) and the two stop-flag arrays (inputs, not donated, so reused every step).
+    lrs = np.asarray(jax.jit(jax.vmap(trainer.schedule))(jnp.arange(tc.steps)))
+    flags = {False: trainer.put_flag(False), True: trainer.put_flag(True)}
+    t_prev = time.perf_counter()
+
+    def read(n, m) -> tuple[dict, bool]:
+        """Step n's metrics record (blocks until step n is done) and the all-process stop flag."""
+        nonlocal t_prev, skipped
+        host = jax.device_get(m)
+        now = time.perf_counter()
+        dt, t_prev = now - t_prev, now
+        loss, gnorm = float(host["loss"]), float(host["grad_norm"])
+        rec = {"step": n, "loss": loss, "grad_norm": gnorm, "lr": float(lrs[n - 1]),
+               "tokens_per_s": tokens_per_step / dt, "step_time_s": dt,
+               "mfu": flops_tok * tokens_per_step / dt / peak}
+        if not bool(host["finite"]):
+            rec.update(loss=loss if np.isfinite(loss) else None, grad_norm=gnorm if np.isfinite(gnorm) else None,
+                       nonfinite=True)  # JSON has no NaN
+            if not tc.skip_nonfinite:
+                logger.log(rec)
+                raise NonFinite(nonfinite_message(n, loss, gnorm, cfg.out))
+            skipped += 1
+        if tc.skip_nonfinite:
+            rec["nonfinite_skipped"] = skipped
+        return rec, bool(host["stop"])
+
+    def log(rec):
+        logger.log(rec)
+        if fault is not None and rec["step"] == fault[0]:
+            os.kill(os.getpid(), fault[1])
+
+    # Asynchronous: step n+1 is dispatched (and step n+2's batch put on the devices) before
+    # step n's metrics are read, so host work overlaps device work; the host waits on the
+    # device only at eval / checkpoint / stop boundaries. Every decision (stop, non-finite)
+    # comes from replicated step outputs, so all processes take it at the same step.
+    pending, stop_seen, done, stopped = None, False, start, None
+    alone = jax.process_count() == 1
+    try:
+        for step in range(start, tc.steps):
+            n = step + 1
+            if alone and stop.signum is not None:
+                # No peer to agree with: stop after the step in flight (several processes wait
+                # for the flag to come back from the step they all ran, see below).
+                if pending is not None:
+                    log(read(*pending)[0])
+                stopped = signal.Signals(stop.signum).name
+                break
+            state, m = step_fn(state, *batch, flags[stop.signum is not None])
+            if n < tc.steps:
+                batch = put(n)
+            if pending is not None:
+                rec, flag = read(*pending)
+                log(rec)
+                stop_seen |= flag
+            pending, done = (n, m), n
+            ckpt_now = tc.ckpt_every and n % tc.ckpt_every == 0 and n < tc.steps
+            eval_now = tc.eval_every and n % tc.eval_every == 0
+            if not (stop_seen or ckpt_now or eval_now or n == tc.steps):
+                continue
+            rec, flag = read(*pending)  # a boundary: wait for step n
+            pending, stop_seen = None, stop_seen or flag
+            if eval_now:
+                rec["val_loss"] = evaluate(trainer, state["params"], ds, cfg)
+            log(rec)
+            if stop_seen:
+                stopped = signal.Signals(stop.signum).name if stop.signum else "a signal to another process"
+                break
+            if ckpt_now:
+                save(n)
+            t_prev = time.perf_counter()  # eval and checkpoint time is not step time
+        if done > start or resume_step is None:
+            save(done)
+    except NonFinite as e:
+        logger.close()
+        if not is_main:
+            raise SystemExit(2) from None
+        raise ConfigError(str(e)) from None
+    except WriteFailed as e:
+        logger.close()
+        last = ckpt.latest_step()
+        raise WriteFailed(f"{e}; " + (f"the last complete checkpoint is step {last}: free space, then continue "
+                                      "with resume=true" if last is not None else
+                                      "no checkpoint is complete: free space, then run again")) from None
+    if stopped is not None:
+        logger.message(f"stopped by {stopped} after step {done}; checkpoint saved to "
+                       f"{os.path.join(cfg.out, 'ckpt', str(done))}; continue with resume=true")
+    else:
+        logger.message(f"done: {done} steps, checkpoint {os.path.join(cfg.out, 'ckpt', str(done))}")
+    logger.close()
+    return 0

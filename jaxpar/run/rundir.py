@@ -1,0 +1,103 @@
+"""The run directory `out=`: what a new run may write into, and what `resume=true` continues.
+
+Rules (README "Reliability"):
+* A new run goes into a missing or empty dir, or into the leftovers of a run that failed
+  before its first checkpoint (only files a run writes, no step under `ckpt/`): nothing of
+  value is lost, and the user need not delete it by hand. Anything else is refused.
+* `resume=true` continues from the run's own `config.json`; the user's keys are applied on
+  top, except those that would change the parameters' shapes or the data (refused).
+* Nothing here writes: every check runs before the run's first byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from gpt2common.grammar import load_yaml, parse_value
+from gpt2common.outdir import check_writable
+from jaxpar import config as C
+from jaxpar.config import Config, ConfigError
+
+CKPT_DIR = "ckpt"  # jaxpar.run.checkpoint.CKPT_DIR (not imported: that pulls in orbax and jax)
+CONFIG_FILE = "config.json"
+# What `jaxpar train` itself writes into a run dir (curves.png: `jaxpar plot`).
+RUN_ENTRIES = {CONFIG_FILE, "metrics.jsonl", "data", "tb", CKPT_DIR, "curves.png"}
+# Keys resume=true refuses to change: parameter shapes, the weights' origin, the token stream.
+SHAPE_KEYS = ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions")
+
+
+def checkpoint_steps(out: str) -> list[int]:
+    """Step dirs under `<out>/ckpt` (complete or not; orbax's temporaries have non-numeric names).
+    A step dir is named str(step): ASCII digits. str.isdigit alone also takes '²' (int() raises:
+    a ValueError traceback) and Arabic-Indic digits (counted as a step no checkpoint wrote)."""
+    d = os.path.join(out, CKPT_DIR)
+    if not os.path.isdir(d):
+        return []
+    return sorted(int(n) for n in os.listdir(d)
+                  if n.isascii() and n.isdigit() and os.path.isdir(os.path.join(d, n)))
+
+
+def is_restartable(out: str) -> bool:
+    """True for the leftovers of a run that failed before its first checkpoint."""
+    entries = set(os.listdir(out))
+    return entries <= RUN_ENTRIES and not checkpoint_steps(out)
+
+
+def check_out_dir(cfg: Config, latest_step) -> tuple[int | None, bool]:
+    """(step to resume from or None, True when a failed run's leftovers are started over).
+
+    `latest_step(out)` returns the newest complete checkpoint step or None."""
+    out = cfg.out
+    check_writable(out)
+    if cfg.resume:
+        if not os.path.isdir(out):
+            raise ConfigError(f"resume=true but out={out!r} does not exist")
+        step = latest_step(out) if checkpoint_steps(out) else None
+        if step is None:
+            raise ConfigError(f"resume=true but out={out!r} holds no complete checkpoint"
+                              + (" (start it over without resume=true)" if is_restartable(out) else ""))
+        return step, False
+    if os.path.isdir(out) and os.listdir(out):
+        if is_restartable(out):
+            return None, True
+        raise ConfigError(f"out={out!r} is not empty; pass resume=true to continue it or choose another out")
+    return None, False
+
+
+def read_run_config(out: str) -> Config:
+    """The saved config of the run in `out` (resume=true), or a one-line ConfigError."""
+    if not os.path.isdir(out):
+        raise ConfigError(f"resume=true but out={out!r} does not exist")
+    path = os.path.join(out, CONFIG_FILE)
+    try:
+        with open(path) as f:
+            return C.from_dict(json.load(f))
+    except FileNotFoundError:
+        raise ConfigError(f"resume=true but out={out!r} has no {CONFIG_FILE} (not a jaxpar run dir)") from None
+    except (OSError, ValueError, TypeError):  # ValueError covers JSONDecodeError and ConfigError
+        raise ConfigError(f"resume=true but {path!r} is corrupt") from None
+
+
+def resolve_train(kv: dict, config_file: str | None) -> Config:
+    """`jaxpar train` settings. With resume=true the run's own config.json is the base and only
+    the keys given (YAML, then key=value) are applied; keys that change shapes or data are refused."""
+    given = {**(load_yaml(config_file) if config_file else {}), **kv}
+    resume = parse_value(bool, given.get("resume", False), "resume")
+    if not resume:
+        return C.resolve_kv(kv, config_file)
+    out = str(given.get("out", Config().out))
+    saved = read_run_config(out)
+    # The checkpoint holds the weights (init= is spent) and the plan was applied when the run began.
+    base = C.Config(**{**{f: getattr(saved, f) for f in saved.__dataclass_fields__}, "init": "", "plan": "",
+                       "dry_run": False})
+    cfg = C.resolve_kv(kv, config_file, base)
+    if given.get("init"):
+        raise ConfigError(f"init={given['init']!r} cannot be combined with resume=true (the checkpoint holds the weights)")
+    changed = [(f"model.{k}", getattr(cfg.model, k), getattr(saved.model, k)) for k in SHAPE_KEYS
+               if getattr(cfg.model, k) != getattr(saved.model, k)]
+    changed += [(k, getattr(cfg, k), getattr(saved, k)) for k in ("data", "tokenizer") if getattr(cfg, k) != getattr(saved, k)]
+    if changed:
+        shown = ", ".join(f"{k}={new!r} (run has {old!r})" for k, new, old in changed)
+        raise ConfigError(f"resume=true cannot change {shown}: start a new run in another out")
+    return cfg

@@ -1,0 +1,104 @@
+"""`jaxpar sample`: autoregressive generation from a run's checkpoint, on one device or a mesh.
+
+No KV cache: each new token re-runs the model on a fixed (1, W) buffer, W = prompt +
+max_new_tokens capped at n_positions, so there is one compile. Causal attention makes
+the padding after position i irrelevant to the logits at i. On a mesh the buffer is
+repeated to one row per data replica / pipeline microbatch (`infer.make_next_logits`); the
+sampling itself (temperature, top-k, the PRNG draw) runs on the host's first device from the
+logits of row 0, so a fixed seed gives the same tokens on any mesh.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gpt2common import data as data_lib
+from gpt2common.grammar import ConfigError, parse_value
+
+
+def sample_token(logits, temperature: float, top_k: int, key):
+    """One token id from (V,) logits: argmax when temperature <= 0, else a draw from
+    softmax(logits / temperature) restricted to the top_k largest logits (top_k <= 0: all)."""
+    if temperature <= 0:
+        return jnp.argmax(logits)
+    logits = logits / temperature
+    if top_k > 0:
+        kth = jnp.sort(logits)[-min(top_k, logits.shape[-1])]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    return jax.random.categorical(key, logits)
+
+
+def generate(cfg, params, prompt_ids: np.ndarray, max_new_tokens: int, temperature: float, top_k: int, seed: int,
+             precision: str = "fp32", next_logits: Callable | None = None) -> np.ndarray:
+    """Prompt + `max_new_tokens` sampled ids. `next_logits(params, buf (W,), pos) -> (V,)`
+    defaults to the plain model on the default device (`infer.make_next_logits` for a mesh)."""
+    from jaxpar.models import gpt2
+
+    mc = cfg.model
+    W = min(mc.n_positions, len(prompt_ids) + max_new_tokens)
+    ids = list(int(i) for i in prompt_ids)
+    if next_logits is None:
+        next_logits = jax.jit(lambda p, buf, pos: gpt2.GPT2(mc, p, policy=precision)(buf[None])[0, pos])
+
+    key = jax.random.PRNGKey(seed)
+    for _ in range(max_new_tokens):
+        window = ids[-W:]
+        buf = np.zeros(W, np.int32)
+        buf[: len(window)] = window
+        logits = jnp.asarray(np.asarray(next_logits(params, buf, len(window) - 1)))
+        sub = None
+        if temperature > 0:
+            key, sub = jax.random.split(key)
+        ids.append(int(sample_token(logits, temperature, top_k, sub)))
+    return np.asarray(ids, np.int32)
+
+
+def find_tokenizer(run: str, cfg):
+    """The tokenizer of a run: its prepared data (`<run>/data`, else `data=`), else, for a run made
+    by `jaxpar convert hf=DIR`, the GPT-2 tokenizer files (vocab.json + merges.txt) of that DIR."""
+    for prepared in (os.path.join(run, "data"), cfg.data):
+        if prepared and data_lib.is_prepared(prepared):
+            return data_lib.load_tokenizer(prepared)
+    init = cfg.init or ""
+    if all(os.path.isfile(os.path.join(init, f)) for f in ("vocab.json", "merges.txt")):
+        tok = data_lib.load_gpt2_tokenizer_dir(init)
+        if tok.vocab_size > cfg.model.vocab_size:
+            raise ConfigError(f"checkpoint={run!r}: the tokenizer in {init} has {tok.vocab_size} tokens, more than "
+                              f"model.vocab_size={cfg.model.vocab_size}")
+        return tok
+    raise ConfigError(f"checkpoint={run!r}: cannot find the tokenizer (no prepared data in {run}/data, "
+                      f"and init={init!r} holds no vocab.json + merges.txt)")
+
+
+def run_sample(kv: dict, cfg) -> int:
+    """kv: the sample options (checkpoint, prompt, ...); cfg: the run's config with the user's
+    mesh / pipeline / precision overrides (validated, devices not yet set up)."""
+    from jaxpar.parallel.mesh import setup_devices
+
+    run = kv["checkpoint"]
+    tok = find_tokenizer(run, cfg)
+    n = parse_value(int, kv.get("max_new_tokens", "100"), "max_new_tokens")
+    temp = parse_value(float, kv.get("temperature", "0.8"), "temperature")
+    top_k = parse_value(int, kv.get("top_k", "40"), "top_k")
+    seed = parse_value(int, kv.get("seed", "0"), "seed")
+    if n <= 0:
+        raise ConfigError(f"max_new_tokens={n} must be positive")
+    prompt = kv.get("prompt", "\n")
+    ids = tok.encode(prompt)
+    if len(ids) == 0:
+        ids = tok.encode("\n")
+    setup_devices(cfg.mesh)
+    from jaxpar.run import infer
+
+    runner = infer.build_runner(cfg, min_batch=True)
+    params = runner.load(run)
+    W = min(cfg.model.n_positions, len(ids) + n)
+    out = generate(runner.cfg, params, ids, n, temp, top_k, seed, next_logits=infer.make_next_logits(runner, W))
+    if jax.process_index() == 0:
+        print(tok.decode(out))
+    return 0

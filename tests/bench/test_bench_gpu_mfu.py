@@ -1,0 +1,95 @@
+"""benchmarks/gpu_mfu.py, gpu_check.py and gpu_profile.py refuse on a machine without a GPU: one
+line, exit 2, nothing written (gpu_mfu.start_gpu, shared); gpu_profile.py's trace reader on a
+synthetic Chrome-format trace."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import gpu_mfu  # noqa: E402
+import gpu_profile  # noqa: E402
+
+WHAT = {"gpu_mfu.py": "measures GPU MFU", "gpu_check.py": "compares the GPU attention paths",
+        "gpu_profile.py": "profiles the GPU step"}
+
+
+@pytest.mark.parametrize("script", sorted(WHAT))
+def test_refuses_on_cpu(tmp_path, script):
+    out = tmp_path / "out.json"
+    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), "--out", str(out)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"error: {script} {WHAT[script]} and needs an NVIDIA GPU (none here: no /dev/nvidia*, no nvidia-smi, "
+        "or JAX_PLATFORMS='cpu')"]
+    assert r.stdout == "" and not out.exists()
+
+
+def test_refuses_where_jax_sees_no_gpu(monkeypatch, capsys):
+    """A machine with an NVIDIA device that JAX does not use (no CUDA plugin, say): the second check."""
+    monkeypatch.setattr(gpu_mfu.xla_flags, "has_nvidia_gpu", lambda *a: True)
+    monkeypatch.setenv("XLA_FLAGS", "")  # apply_gpu_defaults writes it; restored after the test
+    assert gpu_mfu.start_gpu("gpu_x.py", "does X") is False
+    assert capsys.readouterr().err.splitlines() == [
+        "error: gpu_x.py does X and needs a GPU (jax backend: cpu, devices: cpu)"]
+
+
+def _meta(kind, pid, name, tid=None):
+    return {"ph": "M", "name": kind, "pid": pid, **({} if tid is None else {"tid": tid}), "args": {"name": name}}
+
+
+def _x(pid, tid, ts, dur, name, **args):
+    return {"ph": "X", "pid": pid, "tid": tid, "ts": ts, "dur": dur, "name": name, "args": args}
+
+
+TRACE = {"traceEvents": [
+    _meta("process_name", 1, "/device:GPU:0"), _meta("thread_name", 1, "Stream #14(Compute)", 7),
+    _meta("thread_name", 1, "XLA Ops", 8), _meta("process_name", 2, "/host:CPU"),
+    _meta("thread_name", 2, "python", 9),
+    # 2 steps: a gemm overlapping a fusion (union 1500 us), then attention and a copy after a gap
+    _x(1, 7, 0, 1000, "nvjet_sm90_tst_128x128_NNT"), _x(1, 7, 500, 1000, "loop_add_fusion"),
+    _x(1, 7, 3000, 2000, "cudnn_generated_fort_native_sdpa_sm90_flash_bprop"), _x(1, 7, 6000, 400, "memcpy128"),
+    _x(1, 8, 0, 1500, "fusion.1", long_name="fusion.1 = bf16[8] fusion(p0)"),
+    _x(2, 9, 0, 99999, "host work"),  # not a device event
+    {"ph": "i", "pid": 1, "tid": 7, "ts": 10, "name": "instant"},  # no duration
+]}
+
+
+def test_trace_reader_sums_device_kernels_per_step():
+    threads = gpu_profile.device_threads(TRACE)
+    assert threads == {(1, 7): "Stream #14(Compute)", (1, 8): "XLA Ops"}
+    k = gpu_profile.summarize(gpu_profile.complete_events(TRACE, threads, "Stream"), steps=2)
+    assert k["busy_ms"] == (1500 + 2000 + 400) / 1e3 / 2  # overlap counted once
+    assert k["by_class_ms"] == {"attention": 1.0, "matmul": 0.5, "other": 0.5, "copy": 0.2}
+    assert k["events_per_step"] == 2.0
+    ops = gpu_profile.complete_events(TRACE, threads, "XLA Ops")
+    assert gpu_profile.summarize(ops, steps=1)["top_ms"] == {"fusion.1": 1.5}
+    assert gpu_profile.op_text(ops, {"fusion.1"}) == {"fusion.1": "fusion.1 = bf16[8] fusion(p0)"}
+
+
+def test_measure_times_steps_after_warmup_and_derives_mfu_from_the_median(monkeypatch):
+    """gpu_mfu.measure with a stand-in step (no GPU, no compile): --steps timed steps after --warmup
+    untimed ones; tokens/s and MFU from the median step, the run's FLOPs/token and the device peak. (hW2)"""
+    import statistics
+    from types import SimpleNamespace
+
+    from jaxpar import train
+    from jaxpar.config import PRESETS, Config, TrainConfig
+
+    calls = []
+    cfg = Config(model=PRESETS["gpt2-tiny"], train=TrainConfig(batch_size=2, seq_len=16), precision="bf16")
+    trainer = SimpleNamespace(step_fn=lambda s, x, y: calls.append(s) or (s + 1, {"loss": 1.0}))
+    monkeypatch.setattr(gpu_mfu, "preset_step", lambda *a: (cfg, trainer, 0, None, None))
+    monkeypatch.setattr(train, "device_peak_flops", lambda c: 1e12)
+    r = gpu_mfu.measure("gpt2-tiny", 2, gpu_mfu.parse_args(["--steps", "4", "--warmup", "2", "--seq", "16"]))
+    assert calls == list(range(6)) and len(r["times_s"]) == 4
+    med = statistics.median(r["times_s"])
+    assert (r["median_step_s"], r["tokens_per_s"]) == (med, 32 / med)
+    flops = PRESETS["gpt2-tiny"].flops_per_token(16) * 32 / med
+    assert (r["tflops_per_s"], r["peak_tflops"], r["mfu"]) == (flops / 1e12, 1.0, flops / 1e12)

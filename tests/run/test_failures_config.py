@@ -1,0 +1,243 @@
+"""Failure paths that need no training (in-process, fast): non-finite settings, unreadable
+config files, the run-dir rules (restartable leftovers, resume from the run's own config.json),
+torn metrics lines, the launcher's up-front mesh check and one-write error lines.
+
+Independent reference: the exact messages and file contents written down by hand here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from gpt2common.outdir import make_out
+from jaxpar import cli
+from jaxpar import config as C
+from jaxpar.config import ConfigError
+from jaxpar.run import launch, rundir
+from jaxpar.run.metrics import truncate_after
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["train.lr=nan"], "train.lr='nan' is not a finite number"),
+    (["train.lr=inf"], "train.lr='inf' is not a finite number"),
+    (["train.lr=-inf"], "train.lr='-inf' is not a finite number"),
+    (["train.weight_decay=nan"], "train.weight_decay='nan' is not a finite number"),
+    (["train.lr=1e400"], "train.lr='1e400' is not a finite number"),  # overflows to inf
+    (["train.beta2=1"], "train.beta2=1.0 must be in [0, 1)"),
+    (["train.eps=-1e-8"], "train.eps=-1e-08 must be >= 0"),
+    (["train.min_lr_ratio=2"], "train.min_lr_ratio=2.0 must be in [0, 1]"),
+    (["seed=-1"], "seed=-1 must be in [0, 2**32)"),
+])
+def test_non_finite_and_out_of_range_settings(args, msg):
+    with pytest.raises(ConfigError) as e:
+        C.resolve(["model=gpt2-tiny", *args])
+    assert str(e.value) == msg
+
+
+def test_config_flag_naming_a_directory_is_one_line(tmp_path, capsys):
+    assert cli.main(["train", "--config", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"error: config file {str(tmp_path)!r} is a directory\n"
+
+
+def test_config_flag_forms(tmp_path, capsys):
+    """`--config FILE` and `--config=FILE` (a path may hold '=': a sweep's run dirs do) are pulled
+    out of argv; `--config` with nothing after it is one error line, not a run on the defaults."""
+    assert C.split_config_flag(["a=1", "--config", "x.yaml", "b=2"]) == ("x.yaml", ["a=1", "b=2"])
+    assert C.split_config_flag(["--config=runs/lr=3e-4/c.yaml", "a=1"]) == ("runs/lr=3e-4/c.yaml", ["a=1"])
+    assert cli.main(["train", "train.steps=0", "--config"]) == 2  # (steps=0: a run never starts, even on a bug)
+    assert capsys.readouterr().err == "error: --config needs a file path\n"
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["eval", "checkpoint=a", "hf=b", "data=c"], "eval needs exactly one of checkpoint=<run dir> or hf=<dir>"),
+    (["eval", "data=c"], "eval needs exactly one of checkpoint=<run dir> or hf=<dir>"),
+    (["prepare", "input=corpus.txt"], "prepare needs out=<dir>"),
+    (["plot"], "plot takes run=<run dir> [out=<png>]"),
+    (["plot", "out=x.png"], "plot takes run=<run dir> [out=<png>]"),
+])
+def test_command_arguments_missing_or_conflicting_are_one_line(argv, line, tmp_path, monkeypatch, capsys):
+    """Checked before any file is read (none of these paths exists): exit 2, one line."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == f"error: {line}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_error_line_is_one_write(monkeypatch):
+    """Two ranks sharing an unbuffered stderr joined their lines when print() wrote the
+    text and the newline separately (issue 18's flaky launch test)."""
+    writes = []
+
+    class Recorder:
+        def write(self, s):
+            writes.append(s)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr("sys.stderr", Recorder())
+    assert cli.main(["train", "model=gpt3"]) == 2
+    assert writes == ["error: model='gpt3' is not a preset (choose from gpt2-tiny, gpt2, gpt2-medium, gpt2-large, "
+                      "gpt2-xl)\n"]
+
+
+def test_launch_refuses_an_impossible_mesh_before_starting_anything(monkeypatch):
+    def no_spawn(*a, **k):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(subprocess, "Popen", no_spawn)
+    with pytest.raises(ConfigError) as e:
+        launch.main(["nprocs=2", "--", "train", "model=gpt2-tiny", "mesh.data=3"])
+    assert str(e.value) == "mesh data=3×fsdp=1×tensor=1×pipe=1 (3 devices) cannot be split evenly over 2 processes"
+    with pytest.raises(ConfigError, match=r"^unknown key 'train.stepz'"):
+        launch.main(["nprocs=2", "--", "train", "train.stepz=1"])
+
+
+# Stand-ins for the ranks `jaxpar launch` starts: each runs this script instead of `jaxpar.cli`,
+# acting by its JAXPAR_PROCESS_ID (rank r takes RANK_ACTS[r]).
+RANK_SCRIPT = """
+import os, signal, sys, time
+act = os.environ["RANK_ACTS"].split(",")[int(os.environ["JAXPAR_PROCESS_ID"])]
+if act == "kill9":
+    os.kill(os.getpid(), signal.SIGKILL)
+elif act == "hang":
+    time.sleep(60)
+sys.exit(int(act))
+"""
+REAL_POPEN = subprocess.Popen
+
+
+def _launch_fake_ranks(monkeypatch, acts: str, *opts) -> int:
+    def fake(args, env):
+        assert args[1:3] == ["-m", "jaxpar.cli"]
+        return REAL_POPEN([args[0], "-c", RANK_SCRIPT], env={**env, "RANK_ACTS": acts})
+
+    monkeypatch.setattr(subprocess, "Popen", fake)
+    return launch.main(["nprocs=2", *opts, "--", "sample"])
+
+
+def test_launch_names_the_dead_rank_not_the_one_that_lost_it(monkeypatch, capfd):
+    """Rank 0 is killed (SIGKILL), rank 1 then exits with LOST_PEER_EXIT: the launcher blames
+    rank 0 and exits with the shell's code for a SIGKILL, 128 + 9."""
+    assert launch.LOST_PEER_EXIT == 3
+    assert _launch_fake_ranks(monkeypatch, "kill9,3") == 137
+    assert capfd.readouterr().err == "error: process 0 exited with code 137\n"
+    # A rank still running is stopped (SIGTERM after the settle time) and named.
+    assert _launch_fake_ranks(monkeypatch, "5,hang", "grace=1") == 5
+    assert capfd.readouterr().err == "error: process 0 exited with code 5; stopping processes 1\n"
+
+
+# ----------------------------------------------------------------------------- run dir
+
+
+def _cfg(out, *args):
+    return C.resolve(["model=gpt2-tiny", f"out={out}", *args])
+
+
+def _no_ckpt(out):
+    raise AssertionError("latest_step asked for a run dir without step dirs")
+
+
+def test_failed_run_leftovers_are_restartable_anything_else_is_refused(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in ("config.json", "metrics.jsonl"):
+        (out / name).write_text("{}")
+    (out / "data").mkdir()
+    (out / "ckpt" / "3.orbax-checkpoint-tmp-1").mkdir(parents=True)  # a save cut short
+    assert rundir.check_out_dir(_cfg(out), _no_ckpt) == (None, True)
+    (out / "ckpt" / "3").mkdir()  # a step dir: a real run, never started over
+    with pytest.raises(ConfigError) as e:
+        rundir.check_out_dir(_cfg(out), _no_ckpt)
+    assert str(e.value) == f"out={str(out)!r} is not empty; pass resume=true to continue it or choose another out"
+    (out / "ckpt" / "3").rmdir()
+    (out / "notes.txt").write_text("mine")  # a file jaxpar never writes
+    with pytest.raises(ConfigError, match="is not empty"):
+        rundir.check_out_dir(_cfg(out), _no_ckpt)
+    (out / "notes.txt").unlink()
+    with pytest.raises(ConfigError) as e:
+        rundir.check_out_dir(_cfg(out, "resume=true"), _no_ckpt)
+    assert str(e.value) == (f"resume=true but out={str(out)!r} holds no complete checkpoint "
+                            "(start it over without resume=true)")
+
+
+def test_unwritable_out_is_refused_before_anything_is_written(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError) as e:
+        rundir.check_out_dir(_cfg(blocker / "run"), _no_ckpt)
+    assert str(e.value) == f"out={str(blocker / 'run')!r} cannot be created: {str(blocker)!r} is not a directory"
+    with pytest.raises(ConfigError) as e:
+        rundir.check_out_dir(_cfg(blocker), _no_ckpt)
+    assert str(e.value) == f"out={str(blocker)!r} exists and is not a directory"
+    with pytest.raises(ConfigError, match=r"^out='/proc/jaxpar_run' cannot be created \("):
+        make_out("/proc/jaxpar_run")  # refused even to root
+
+
+def _saved_run(tmp_path, *args):
+    out = tmp_path / "run"
+    out.mkdir()
+    saved = _cfg(out, "model.n_layer=1", "train.steps=5", "train.lr=1e-3", "mesh.data=2", *args)
+    (out / "config.json").write_text(C.dumps(saved))
+    return out, saved
+
+
+def test_resume_reads_the_runs_config_and_applies_only_given_keys(tmp_path):
+    out, saved = _saved_run(tmp_path, "init=some/hf", "plan=auto")
+    cfg = rundir.resolve_train({"out": str(out), "resume": "true", "train.steps": "9"}, None)
+    assert cfg.model == saved.model and cfg.model.n_layer == 1 and cfg.mesh.data == 2
+    assert (cfg.train.steps, cfg.train.lr, cfg.resume) == (9, 1e-3, True)
+    assert (cfg.init, cfg.plan) == ("", "")  # the checkpoint holds the weights; the plan was applied
+    # Repeating the run's own keys is fine; changing a shape is not.
+    same = rundir.resolve_train({"out": str(out), "resume": "true", "model": "gpt2-tiny", "model.n_layer": "1"}, None)
+    assert same.model == saved.model
+    with pytest.raises(ConfigError) as e:
+        rundir.resolve_train({"out": str(out), "resume": "true", "model": "gpt2-tiny"}, None)
+    assert str(e.value) == "resume=true cannot change model.n_layer=2 (run has 1): start a new run in another out"
+    with pytest.raises(ConfigError) as e:
+        rundir.resolve_train({"out": str(out), "resume": "true", "data": "other.txt"}, None)
+    assert str(e.value) == "resume=true cannot change data='other.txt' (run has ''): start a new run in another out"
+    # Another tokenizer is another token stream; another n_positions is another wpe shape.
+    with pytest.raises(ConfigError) as e:
+        rundir.resolve_train({"out": str(out), "resume": "true", "tokenizer": "bpe"}, None)
+    assert str(e.value) == "resume=true cannot change tokenizer='bpe' (run has 'byte'): start a new run in another out"
+    with pytest.raises(ConfigError) as e:
+        rundir.resolve_train({"out": str(out), "resume": "true", "model.n_positions": "300"}, None)
+    assert str(e.value) == ("resume=true cannot change model.n_positions=300 (run has 256): start a new run in "
+                            "another out")
+    with pytest.raises(ConfigError) as e:
+        rundir.resolve_train({"out": str(out), "resume": "true", "init": "x"}, None)
+    assert str(e.value) == "init='x' cannot be combined with resume=true (the checkpoint holds the weights)"
+
+
+def test_resume_with_a_missing_or_corrupt_config_json(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        rundir.resolve_train({"out": str(tmp_path / "none"), "resume": "true"}, None)
+    assert str(e.value) == f"resume=true but out={str(tmp_path / 'none')!r} does not exist"
+    with pytest.raises(ConfigError) as e:
+        rundir.resolve_train({"out": str(tmp_path), "resume": "true"}, None)
+    assert str(e.value) == f"resume=true but out={str(tmp_path)!r} has no config.json (not a jaxpar run dir)"
+    # a bad value, a key this Config does not have (a hand edit, another version's config.json), a
+    # section that is not an object, a file that is not an object: one line each, never a traceback
+    from jaxpar.run.commands import run_config
+
+    for text in ('{"model": {"n_layer": "two"}}', '{"train": {"bogus": 1}}', '{"mesh": 5}', "[]"):
+        (tmp_path / "config.json").write_text(text)
+        with pytest.raises(ConfigError) as e:
+            rundir.resolve_train({"out": str(tmp_path), "resume": "true"}, None)
+        assert str(e.value) == f"resume=true but {str(tmp_path / 'config.json')!r} is corrupt", text
+        with pytest.raises(ConfigError) as e:  # eval / sample / convert read it the same way
+            run_config(str(tmp_path))
+        assert str(e.value) == f"checkpoint={str(tmp_path)!r}: config.json is corrupt", text
+
+
+def test_truncate_drops_a_torn_last_line(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in (1, 2, 3)]
+    p.write_text("".join(lines) + '{"step": 4, "loss": 0.2')  # what a kill -9 mid-write leaves
+    truncate_after(str(p), 2)
+    assert p.read_text() == "".join(lines[:2])
+    truncate_after(str(p), 0)  # a restarted run starts the file over
+    assert p.read_text() == ""

@@ -1,0 +1,84 @@
+"""SIGTERM to ONE rank of a `jaxpar launch nprocs=2` job (issue 13, case 1): before, the
+signalled rank went to checkpoint while its peer waited in the next all-reduce, and the job hung.
+Now the stop flag is an input of the step, reduced across processes inside it, so both ranks
+stop after the same step, write one checkpoint together and exit 0.
+
+Race-free: the job runs for 10^5 steps, so the signal always finds it training.
+Independent reference: the checkpoint dirs and metrics lines on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+from support.cli_helpers import children, clean_env, kill_rank1_of_bare_pair, rank_of, wait_for_steps
+
+TRAIN = ["train", "model=gpt2-tiny", "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "train.seq_len=16",
+         "train.batch_size=2", "mesh.data=2", "train.steps=100000", "train.eval_every=0", "progress=plain"]
+
+
+def _steps(out) -> list[int]:
+    with open(out / "metrics.jsonl") as f:
+        return [json.loads(ln)["step"] for ln in f]
+
+
+def _sigterm_one_rank(tmp_path, rank: int):
+    out = tmp_path / f"sig{rank}"
+    p = subprocess.Popen([sys.executable, "-m", "jaxpar.cli", "launch", "nprocs=2", "--", *TRAIN, f"out={out}"],
+                         env=clean_env(JAXPAR_HEARTBEAT_TIMEOUT="20"), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_steps(out, p, min_steps=2)
+        kids = {rank_of(c): c for c in children(p.pid)}
+        os.kill(kids[rank], signal.SIGTERM)
+        stdout, stderr = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:  # a hung job: its ranks first (train.steps=10^5), or they outlive the test
+            for c in children(p.pid):
+                os.kill(c, signal.SIGKILL)
+            p.kill()
+    return out, p.returncode, stdout, stderr
+
+
+def _check_stopped_together(out, rc, stdout, stderr, who):
+    assert rc == 0, stderr[-3000:]
+    m = re.search(rf"stopped by {who} after step (\d+); checkpoint saved to ", stdout)
+    assert m, stdout[-2000:]
+    k = int(m.group(1))
+    assert _steps(out) == list(range(1, k + 1))  # metrics end at the agreed step
+    assert sorted(os.listdir(out / "ckpt")) == [str(k)]  # one checkpoint, written by both ranks together
+    assert {"params", "opt_state", "meta"} <= set(os.listdir(out / "ckpt" / str(k)))
+    assert "error" not in stderr
+
+
+def test_sigterm_to_rank1_stops_both_ranks_at_the_same_step(tmp_path):
+    # rank 0 (the one that prints) learns of rank 1's signal from the step's own all-reduce
+    _check_stopped_together(*_sigterm_one_rank(tmp_path, 1), "a signal to another process")
+
+
+@pytest.mark.slow
+def test_sigterm_to_rank0_stops_both_ranks_at_the_same_step(tmp_path):
+    _check_stopped_together(*_sigterm_one_rank(tmp_path, 0), "SIGTERM")
+
+
+@pytest.mark.slow
+def test_a_rank_that_loses_its_peer_exits_with_one_error_line(tmp_path):
+    """Bare processes (as srun/mpiexec start them), rank 1 killed: rank 0's next collective
+    fails, and it leaves with one line instead of a traceback and an abort in JAX's exit handler."""
+    from jaxpar.run.launch import free_port
+
+    out, port = tmp_path / "bare", free_port()
+    rc, err, elapsed = kill_rank1_of_bare_pair(
+        [*TRAIN, f"out={out}"], out, min_steps=2,
+        env_of_rank=lambda r: clean_env(JAXPAR_COORDINATOR=f"127.0.0.1:{port}", JAXPAR_NUM_PROCESSES="2",
+                                        JAXPAR_PROCESS_ID=str(r), JAXPAR_HEARTBEAT_TIMEOUT="10"))
+    assert rc == 3, err[-3000:]  # jaxpar.run.launch.LOST_PEER_EXIT
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and re.fullmatch(r"error: process 0 lost contact with its peers \(.+\); resume=true "
+                                            r"continues from the last complete checkpoint", lines[0]), err[-3000:]
+    assert elapsed < 30  # the failed collective, well inside the 10 s heartbeat + slack of a loaded host

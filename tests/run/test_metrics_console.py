@@ -1,0 +1,39 @@
+"""What `jaxpar train` prints per step (jaxpar.run.metrics.MetricsLogger, no JAX): progress=plain prints
+every train.log_every-th step and always the last one; progress=none prints nothing at all.
+
+Reference: the lines written down by hand from the records logged."""
+
+from __future__ import annotations
+
+import json
+
+from jaxpar.run.metrics import MetricsLogger
+
+
+def _rec(step: int) -> dict:
+    return {"step": step, "loss": 2.0 / step, "grad_norm": 1.0, "lr": 1e-3, "tokens_per_s": 1000.0 * step,
+            "step_time_s": 0.5, "mfu": 0.25}
+
+
+def _line(step: int, total: int) -> str:
+    return (f"step {step:>6}/{total} | loss {2.0 / step:.4f} | {1000 * step:,} tok/s | 500.0 ms | mfu 25.00%")
+
+
+def test_plain_prints_every_log_every_th_step_and_the_last(tmp_path, capsys):
+    m = MetricsLogger(str(tmp_path), 5, 0, "plain", print_every=2)
+    for s in range(1, 6):
+        m.log(_rec(s))
+    m.message("done")
+    m.close()
+    assert capsys.readouterr().out.splitlines() == [_line(2, 5), _line(4, 5), _line(5, 5), "done"]
+    assert [json.loads(ln)["step"] for ln in open(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+
+
+def test_none_prints_nothing_but_writes_the_metrics(tmp_path, capsys):
+    m = MetricsLogger(str(tmp_path), 2, 0, "none")
+    m.log(_rec(1))
+    m.log(_rec(2))
+    m.message("resumed from step 0")
+    m.close()
+    assert capsys.readouterr().out == ""
+    assert [json.loads(ln)["step"] for ln in open(tmp_path / "metrics.jsonl")] == [1, 2]

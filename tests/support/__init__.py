@@ -1,0 +1,1 @@
+"""Helpers shared by the test files: CLI runners, reference models, benchmark loaders."""

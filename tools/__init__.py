@@ -1,0 +1,1 @@
+"""Developer tools that are not tests: the mutation harness and the import-graph check."""
