@@ -35,6 +35,7 @@ def grads_and_loss(precision: str, impl: str, batch: int, seq: int):
 
     from jaxpar.config import PRESETS, Config, TrainConfig
     from jaxpar.models import gpt2
+    from jaxpar.parallel.layout import build_layout
     from jaxpar.parallel.mesh import build_mesh
     from jaxpar.train import make_loss_fn
 
@@ -44,7 +45,7 @@ def grads_and_loss(precision: str, impl: str, batch: int, seq: int):
         mc = dataclasses.replace(PRESETS["gpt2"], attention="auto")
         cfg = Config(model=mc, model_name="gpt2", precision=precision,
                      train=TrainConfig(batch_size=batch, seq_len=seq))
-        loss_fn = make_loss_fn(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))
+        loss_fn = make_loss_fn(lay := build_layout(cfg, 1), build_mesh(lay, jax.devices()[:1]))
         params = gpt2.init_params(mc, 0)
         toks = np.random.default_rng(0).integers(0, mc.vocab_size, (batch, seq + 1)).astype(np.int32)
         loss, g = jax.jit(jax.value_and_grad(loss_fn))(params, jnp.asarray(toks[:, :-1]),

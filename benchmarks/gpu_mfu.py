@@ -70,13 +70,13 @@ def preset_step(model: str, batch: int, seq: int, attention: str = "auto", remat
 
     from jaxpar.config import PRESETS, Config, TrainConfig
     from jaxpar.models.gpt2 import init_params
-    from jaxpar.parallel.mesh import build_mesh
+    from jaxpar.parallel.layout import build_layout
     from jaxpar.train import build_trainer
 
     mc = dataclasses.replace(PRESETS[model], attention=attention)
     cfg = Config(model=mc, model_name=model, precision="bf16",
                  train=TrainConfig(batch_size=batch, seq_len=seq, remat=remat))
-    trainer = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))
+    trainer = build_trainer(build_layout(cfg, 1), devices=jax.devices()[:1])
     state = trainer.init_state(init_params(mc, 0))
     toks = np.random.default_rng(0).integers(0, mc.vocab_size, (batch, seq + 1)).astype(np.int32)
     return cfg, trainer, state, trainer.put_batch(toks[:, :-1]), trainer.put_batch(toks[:, 1:])

@@ -99,13 +99,14 @@ def build(cfg, e):
 
     from jaxpar import config as C
     from jaxpar.models import gpt2
+    from jaxpar.parallel.layout import build_layout
     from jaxpar.planner.plan import Plan, plan_to_overrides, summary
     from jaxpar.train import build_trainer
 
     data = {**summary(e), "devices": N_DEVICES, "model": C.to_dict(cfg)["model"],
             "batch_size": cfg.train.batch_size, "seq_len": cfg.train.seq_len, "precision": cfg.precision}
     run_cfg = C.validate(C.apply_overrides(cfg, plan_to_overrides(Plan(data), N_DEVICES, cfg)))
-    tr = build_trainer(run_cfg)
+    tr = build_trainer(build_layout(run_cfg, N_DEVICES))
     state = tr.init_state(gpt2.init_params(run_cfg.model, 0))
     rng = np.random.default_rng(0)
     B, T, V = cfg.train.batch_size, cfg.train.seq_len, cfg.model.vocab_size

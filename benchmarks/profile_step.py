@@ -104,13 +104,13 @@ def profile(name: str, dims, precision: str, rounds: int, steps: int) -> dict:
     from single_device import config_of
 
     from jaxpar.models.gpt2 import init_params
-    from jaxpar.parallel.mesh import build_mesh
+    from jaxpar.parallel.layout import build_layout
     from jaxpar.train import build_trainer
 
     _, _, _, vocab, seq, batch = dims
     cfg = config_of(dims, precision)
     mc = cfg.model
-    trainer = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))
+    trainer = build_trainer(build_layout(cfg, 1), devices=jax.devices()[:1])
     toks = np.random.default_rng(0).integers(0, vocab, size=(batch, seq + 1)).astype(np.int32)
     x, y = trainer.put_batch(toks[:, :-1]), trainer.put_batch(toks[:, 1:])
     state = trainer.init_state(init_params(mc, 0))

@@ -124,10 +124,10 @@ def make_jaxpar(cfg, params, inputs, targets):
     """The real jaxpar step (`build_trainer`: jit, donated state) on a 1-device mesh."""
     import jax
 
-    from jaxpar.parallel.mesh import build_mesh
+    from jaxpar.parallel.layout import build_layout
     from jaxpar.train import build_trainer
 
-    trainer = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))  # one device, even if emulating more
+    trainer = build_trainer(build_layout(cfg, 1), devices=jax.devices()[:1])  # one device, even if emulating more
     state = {"s": trainer.init_state(params)}
     x, y = trainer.put_batch(inputs), trainer.put_batch(targets)
 

@@ -11,7 +11,7 @@ import jax
 from gpt2common import data
 from jaxpar import config as C
 from jaxpar.models import gpt2
-from jaxpar.parallel.mesh import build_mesh
+from jaxpar.parallel.layout import build_layout
 from jaxpar.run.sample import generate
 from jaxpar.train import build_trainer
 
@@ -25,7 +25,7 @@ prepared = data.resolve_data("", "byte", workdir)
 ds = data.Dataset.open(prepared, cfg.model.vocab_size, cfg.train.seq_len)
 
 # 3. Model + optimizer on a 1-device mesh; params come from the shared numpy initialiser.
-trainer = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))
+trainer = build_trainer(build_layout(cfg, 1), devices=jax.devices()[:1])
 state = trainer.init_state(gpt2.init_params(cfg.model, seed=cfg.seed))
 print(f"{gpt2.count_params(state['params']):,} parameters")
 

@@ -21,7 +21,6 @@ from jaxpar import config as C  # noqa: E402
 from jaxpar.models import gpt2  # noqa: E402
 from jaxpar.parallel import pipeline as pp  # noqa: E402
 from jaxpar.parallel.layout import layer_cost  # noqa: E402
-from jaxpar.parallel.mesh import build_mesh  # noqa: E402
 from jaxpar.parallel.partition import partition_layers, stage_times  # noqa: E402
 from jaxpar.train import build_trainer, check_model_vs_mesh  # noqa: E402
 
@@ -49,7 +48,7 @@ info = pp.describe(cfg, layout)
 print(f"stages={info['stages']} layers_per_stage={info['layers_per_stage']} microbatches={info['microbatches']} "
       f"iterations={info['iterations']}")
 ds = data.Dataset.open(data.resolve_data("", "byte", tempfile.mkdtemp()), cfg.model.vocab_size, cfg.train.seq_len)
-trainer = build_trainer(cfg, build_mesh(cfg.mesh), layout)
+trainer = build_trainer(layout)
 state = trainer.init_state(gpt2.init_params(cfg.model, cfg.seed))
 times = []
 for step in range(cfg.train.steps):

@@ -45,7 +45,7 @@ import torch
 
 from gpt2common import data, hf
 from jaxpar.models import gpt2
-from jaxpar.parallel.mesh import build_mesh
+from jaxpar.parallel.layout import build_layout
 from jaxpar.train import build_trainer, check_model_vs_mesh
 from parity_tests.common import trajectory_diffs
 from parity_tests.tolerances import TRAJECTORY
@@ -72,7 +72,7 @@ tc = cfg.train
 batches = [data.train_batch(ds, tc.seq_len, tc.batch_size, cfg.seed, s) for s in range(tc.steps)]
 
 # 4a. jaxpar on your mesh.
-trainer = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:n_dev]))
+trainer = build_trainer(build_layout(cfg, n_dev), devices=jax.devices()[:n_dev])
 state, jx = trainer.init_state(params), []
 for x, y in batches:
     state, m = trainer.step_fn(state, trainer.put_batch(x), trainer.put_batch(y))

@@ -216,11 +216,15 @@ def resolve(args: list[str], config_file: str | None = None, base: Config | None
     return resolve_kv(parse_kv(args), config_file, base)
 
 
-def resolve_kv(kv: dict[str, Any], config_file: str | None = None, base: Config | None = None) -> Config:
-    """`resolve` for already split {key: value} overrides."""
+def resolve_kv(kv: dict[str, Any], config_file: str | None = None, base: Config | None = None,
+               file_kv: dict[str, Any] | None = None) -> Config:
+    """`resolve` for already split {key: value} overrides. file_kv: `config_file` already read
+    (`load_yaml`), so a caller that looked into it does not read it twice."""
     cfg = base or Config()
-    if config_file:
-        cfg = apply_overrides(cfg, load_yaml(config_file))
+    if file_kv is None and config_file:
+        file_kv = load_yaml(config_file)
+    if file_kv:
+        cfg = apply_overrides(cfg, file_kv)
     return validate(apply_overrides(cfg, kv))
 
 

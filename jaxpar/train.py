@@ -119,27 +119,12 @@ class Trainer:
                                             lambda idx: np.full((len(range(n)[idx[0]]),), int(flag), np.int32))
 
 
-def make_loss_fn(cfg: Config, mesh, layout: ParallelLayout | None = None) -> Callable:
-    """(params, inputs (B,T), targets (B,T), key|None) -> mean fp32 loss, with activation rules on."""
-    lay = layout or build_layout(cfg, mesh.devices.size)
-    if lay.pipelined and cfg.pipeline.schedule == "1f1b":  # manual-gradient 1F1B: jaxpar.parallel.pipeline_1f1b
-        from jaxpar.parallel.pipeline_1f1b import make_1f1b_loss_fn
-
-        return make_1f1b_loss_fn(cfg, lay, mesh)
-    if lay.pipelined:  # blocks pipelined over `pipe`: jaxpar.parallel.pipeline
-        from jaxpar.parallel.pipeline import make_pipeline_loss_fn
-
-        return make_pipeline_loss_fn(cfg, lay, mesh)
-    from jaxpar.parallel import fsdp
-
-    if fsdp.applies(cfg, mesh):  # ZeRO-3 with explicit reduce-scatters: jaxpar.parallel.fsdp
-        return fsdp.make_fsdp_loss_fn(cfg, mesh, lay)
+def _auto_loss(cfg: Config, mesh, lay: ParallelLayout) -> Callable:
+    """The plain model under the layout's activation rules; XLA's partitioner adds the collectives.
+    With tied groups the batch split moves to the vmapped group dim (jaxpar.parallel.tied)."""
     policy, mc = get_policy(cfg.precision), cfg.model
-    rules = lay.activation_rules
-    groups = tied.groups_for(mesh)
-    if groups > 1:  # the batch split moves to the vmapped group dim: jaxpar.parallel.tied
-        rules = {**rules, "batch": None}
-
+    groups = lay.tied_groups
+    rules = lay.activation_rules if groups == 1 else {**lay.activation_rules, "batch": None}
     # the model's structure and options, built once; each traced call merges its weights in
     graphdef = nnx.graphdef(gpt2.GPT2(mc, policy=policy, remat=cfg.train.remat, vocab_chunks=cfg.train.vocab_chunks,
                                       mlp_chunks=cfg.train.mlp_chunks))
@@ -148,21 +133,49 @@ def make_loss_fn(cfg: Config, mesh, layout: ParallelLayout | None = None) -> Cal
         with activation_rules(mesh, rules):
             return nnx.merge(graphdef, params).loss(inputs, targets, key)
 
-    # data parallel: the tied wte gradient (lookup + head) is summed before its one reduction
     if groups == 1:
         return loss
+    # data parallel: the tied wte gradient (lookup + head) is summed before its one reduction
     wte_spec = lay.param_specs(gpt2.param_axes(mc))["wte"]["weight"]
     return tied.grouped_loss(loss, mesh, groups, wte_spec)
 
 
-def build_trainer(cfg: Config, mesh=None, layout: ParallelLayout | None = None) -> Trainer:
-    """Compile-ready trainer for `cfg` on `mesh` (built from cfg.mesh over all devices if None).
-    layout: the run's resolved ParallelLayout (built from cfg and the mesh's device count if None)."""
+def _zero3_loss(cfg: Config, mesh, lay: ParallelLayout) -> Callable:
+    from jaxpar.parallel import fsdp
+
+    return fsdp.make_fsdp_loss_fn(cfg, mesh, lay)
+
+
+def _gpipe_loss(cfg: Config, mesh, lay: ParallelLayout) -> Callable:
+    from jaxpar.parallel.pipeline import make_pipeline_loss_fn
+
+    return make_pipeline_loss_fn(cfg, lay, mesh)
+
+
+def _one_f_one_b_loss(cfg: Config, mesh, lay: ParallelLayout) -> Callable:
+    from jaxpar.parallel.pipeline_1f1b import make_1f1b_loss_fn
+
+    return make_1f1b_loss_fn(cfg, lay, mesh)
+
+
+# layout.loss_path -> builder (cfg, mesh, layout) -> loss: the one place a parallel program is picked
+LOSS_PATHS: dict[str, Callable] = {"auto": _auto_loss, "tied": _auto_loss, "zero3": _zero3_loss,
+                                   "gpipe": _gpipe_loss, "1f1b": _one_f_one_b_loss}
+
+
+def make_loss_fn(layout: ParallelLayout, mesh) -> Callable:
+    """(params, inputs (B,T), targets (B,T), key|None) -> mean fp32 loss: the program
+    `layout.loss_path` names, for the layout's config on `mesh` (built from the same layout)."""
+    return LOSS_PATHS[layout.loss_path](layout.cfg, mesh, layout)
+
+
+def build_trainer(layout: ParallelLayout, mesh=None, devices=None) -> Trainer:
+    """Compile-ready trainer for the run's resolved `layout` (`build_layout`, or `resolve_layout`
+    with the backend check) on `mesh` (if None, built from the layout over `devices`, default all)."""
     from jaxpar.run.evaluation import make_nll_fn
 
-    lay = layout or build_layout(cfg, jax.device_count() if mesh is None else mesh.devices.size)
-    cfg = dataclasses.replace(cfg, mesh=lay.mesh)
-    mesh = build_mesh(lay.mesh) if mesh is None else mesh
+    lay, cfg = layout, layout.cfg
+    mesh = build_mesh(lay, devices) if mesh is None else mesh
     tc = cfg.train
     tx = make_optimizer(tc)
     update = optim.make_update(tc, lr_schedule(tc), decay_mask)  # tx's step in one pass per leaf
@@ -175,7 +188,7 @@ def build_trainer(cfg: Config, mesh=None, layout: ParallelLayout | None = None) 
     specs = {"step": PartitionSpec(), "params": param_specs, "opt_state": opt_specs}
     state_sh = shd.named(mesh, specs)
     batch_sh = NamedSharding(mesh, shd.batch_spec(lay.batch_axes))
-    loss_fn = make_loss_fn(cfg, mesh, lay)
+    loss_fn = make_loss_fn(lay, mesh)
     grad_fn = jax.value_and_grad(loss_fn)
     accum = tc.grad_accum
     use_dropout = cfg.model.dropout > 0

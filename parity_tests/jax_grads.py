@@ -26,6 +26,7 @@ def main(path: str) -> None:
 
     from gpt2common import data, hf
     from jaxpar.config import resolve
+    from jaxpar.parallel.layout import build_layout
     from jaxpar.parallel.mesh import build_mesh, mesh_size, resolve_mesh_config
     from jaxpar.train import build_trainer, make_loss_fn
 
@@ -42,8 +43,8 @@ def main(path: str) -> None:
         n = mesh_size(cfg.mesh)
         cfg = dataclasses.replace(cfg, model=mcfg, mesh=resolve_mesh_config(cfg.mesh, n))
         mesh = build_mesh(cfg.mesh, jax.devices()[:n])
-        tr = build_trainer(cfg, mesh)
-        loss_fn = make_loss_fn(cfg, mesh)
+        tr = build_trainer(build_layout(cfg, mesh.devices.size), mesh)
+        loss_fn = make_loss_fn(tr.layout, mesh)
         ps = tr.state_shardings["params"]
         grad = jax.jit(jax.grad(functools.partial(loss_fn, key=None)),
                        in_shardings=(ps, tr.batch_sharding, tr.batch_sharding), out_shardings=ps)

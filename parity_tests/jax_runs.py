@@ -27,6 +27,7 @@ def run(args: list[str]) -> dict:
     from gpt2common import data, hf
     from jaxpar.config import ConfigError, resolve, validate
     from jaxpar.models import gpt2
+    from jaxpar.parallel.layout import build_layout
     from jaxpar.parallel.mesh import build_mesh, mesh_size, resolve_mesh_config
     from jaxpar.train import build_trainer, check_model_vs_mesh
 
@@ -43,7 +44,7 @@ def run(args: list[str]) -> dict:
         return {"error": f"ConfigError: {e}"}
     mesh = build_mesh(cfg.mesh, jax.devices()[:n])
     tc = cfg.train
-    trainer = build_trainer(cfg, mesh)
+    trainer = build_trainer(build_layout(cfg, mesh.devices.size), mesh)
     state = trainer.init_state(params if params is not None else gpt2.init_params(cfg.model, cfg.seed))
     ds = data.Dataset.open(cfg.data, cfg.model.vocab_size, tc.seq_len)
     t0 = time.perf_counter()

@@ -17,6 +17,7 @@ import pytest
 from jaxpar import config as C
 from jaxpar import optim, train
 from jaxpar.models import gpt2
+from jaxpar.parallel.layout import build_layout
 
 MC = C.ModelConfig(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
 TC = C.TrainConfig(steps=6, warmup_steps=2, lr=3e-2, weight_decay=0.1, grad_clip=1.0)
@@ -137,7 +138,7 @@ def test_the_train_step_reads_each_moment_once():
     would read it again or copy it."""
     cfg = C.resolve(["model=gpt2-tiny", "model.n_layer=2", "model.n_embd=32", "model.n_head=2",
                      "model.vocab_size=64", "train.seq_len=16", "train.batch_size=2", "precision=fp32"])
-    tr = train.build_trainer(cfg)
+    tr = train.build_trainer(build_layout(cfg, jax.device_count()))
     state = tr.abstract_state()
     x = jax.ShapeDtypeStruct((2, 16), jnp.int32, sharding=tr.batch_sharding)
     hlo = tr.step_fn.lower(state, x, x).compile().as_text()

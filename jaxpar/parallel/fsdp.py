@@ -46,21 +46,17 @@ from jax.sharding import PartitionSpec as P
 from jaxpar.config import Config, Remat
 from jaxpar.models import gpt2
 from jaxpar.models.precision import get_policy
-from jaxpar.parallel.layout import ParallelLayout
+from jaxpar.parallel.layout import ParallelLayout, zero3_applies
 from jaxpar.parallel.logical import activation_rules
 from jaxpar.parallel.pipeline import _manual_spec, _varying
 
 MANUAL = ("data", "fsdp")  # shard_map is manual over the batch axes; `tensor` stays automatic
-TP_RULES = {"heads": "tensor", "mlp": "tensor", "vocab": "tensor"}  # the only auto axis inside
 
 
 def applies(cfg: Config, mesh) -> bool:
-    """True when the loss runs through this file: fsdp > 1, no pipeline, no dropout, and neither
-    train.remat=selective nor train.mlp_chunks > 1 (see the module docstring)."""
+    """True when the loss runs through this file (the layout's `zero3_applies` on `mesh`'s sizes)."""
     shape = dict(mesh.shape)
-    tc = cfg.train
-    return (shape.get("fsdp", 1) > 1 and shape.get("pipe", 1) == 1 and cfg.model.dropout == 0
-            and Remat(tc.remat) != Remat.SELECTIVE and tc.mlp_chunks == 1)
+    return zero3_applies(cfg, shape.get("fsdp", 1), shape.get("pipe", 1))
 
 
 def _gather(a, spec: P, tensor_spec: P):
@@ -125,7 +121,7 @@ def make_fsdp_loss_fn(cfg: Config, mesh, lay: ParallelLayout) -> Callable:
         params = jax.tree.map(lambda a: _varying(a, MANUAL), params)
         outer = {k: jax.tree.map(_gather, params[k], manual[k], tensor[k]) for k in ("wte", "wpe", "ln_f")}
         model = gpt2.GPT2(mc, {**outer, "h": params["h"]}, policy=policy, vocab_chunks=tc.vocab_chunks)
-        with activation_rules(jax.sharding.get_abstract_mesh(), TP_RULES):
+        with activation_rules(jax.sharding.get_abstract_mesh(), lay.pipeline_rules):  # tensor: the only auto axis
             x = model.embed(inputs)  # (b, T, D)
             # rolled even where gpt2.scan_unroll unrolls (on CPU): unrolled, each layer's
             # gathered weights were kept from forward to backward (measured: gather bytes = reduce-

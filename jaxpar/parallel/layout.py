@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxpar.config import Config, ConfigError, MeshConfig, ModelConfig, check_mesh_sizes
+from jaxpar.config import Config, ConfigError, MeshConfig, ModelConfig, Remat, check_mesh_sizes
 from jaxpar.parallel.groups import GROUPS, group_of
 from jaxpar.parallel.partition import partition_layers, stage_bounds, validate_layers_per_stage
 
@@ -31,20 +31,24 @@ Rules = dict[str, Any]  # logical name -> mesh axis, tuple of axes, or None
 
 BATCH_AXES = ("data", "fsdp")  # the batch dim is split over every data-parallel axis
 
+# Megatron tensor parallelism: attention heads, MLP hidden units and the vocabulary split over
+# `tensor`, for parameters and activations alike (the one statement of this table).
+TENSOR_RULES: Rules = {"heads": "tensor", "mlp": "tensor", "vocab": "tensor"}
+
 # ---- parameter rules, one table per parallelism, composed data -> fsdp -> tensor -> pipe
 DP_PARAM_RULES: Rules = {}  # data parallel: every parameter replicated
 FSDP_PARAM_RULES: Rules = {"embed": "fsdp"}  # ZeRO-3: params, grads, AdamW moments split on embed
-TP_PARAM_RULES: Rules = {"heads": "tensor", "mlp": "tensor", "vocab": "tensor"}  # Megatron
+TP_PARAM_RULES: Rules = TENSOR_RULES
 # Pipeline: the stacked (L, ...) `layers` dim over pipe, when L splits evenly (GPipe stage s then
 # stores exactly its own layers); otherwise the blocks stay whole over pipe and are gathered.
 PIPE_PARAM_RULES: Rules = {"layers": "pipe"}
 
 # ---- activation rules: batch over the data-parallel axes; inside a block heads / mlp / vocab
 # follow the parameters' tensor split; the residual stream (embed) stays whole.
-ACTIVATION_RULES: Rules = {"batch": BATCH_AXES, "heads": "tensor", "mlp": "tensor", "vocab": "tensor"}
+ACTIVATION_RULES: Rules = {"batch": BATCH_AXES, **TENSOR_RULES}
 # Inside the pipeline's shard_map data, fsdp and pipe are manual: tensor is the only auto axis.
 PIPELINE_MANUAL_AXES = ("data", "fsdp", "pipe")
-PIPELINE_INNER_RULES: Rules = {"heads": "tensor", "mlp": "tensor", "vocab": "tensor"}
+PIPELINE_INNER_RULES: Rules = TENSOR_RULES
 
 # Top-level keys of a block's params (gpt2.BLOCK_AXES) -> their OSDP group.
 BLOCK_GROUPS = {"ln_1": "attn", "attn": "attn", "ln_2": "mlp", "mlp": "mlp"}
@@ -232,22 +236,67 @@ def pipeline_stages(cfg: Config) -> tuple[tuple[int, ...], tuple[str, ...]]:
 # ----------------------------------------------------------------------------- the layout value
 
 
+# ----------------------------------------------------------------------------- which parallel program
+
+# The loss paths, one per parallel program (`jaxpar.train.LOSS_PATHS` maps each to its builder):
+LOSS_PATHS = (
+    "auto",   # the plain model under the activation rules; XLA's partitioner inserts the collectives
+    "tied",   # data parallel: the tied wte gradient summed per data group first (jaxpar.parallel.tied)
+    "zero3",  # ZeRO-3 in a shard_map with explicit gathers / reduce-scatters (jaxpar.parallel.fsdp)
+    "gpipe",  # blocks pipelined over `pipe`, GPipe or circular schedule (jaxpar.parallel.pipeline)
+    "1f1b",   # blocks pipelined over `pipe`, one-forward-one-backward (jaxpar.parallel.pipeline_1f1b)
+)
+
+
+def zero3_applies(cfg: Config, fsdp: int, pipe: int) -> bool:
+    """ZeRO-3's shard_map path runs when fsdp > 1 without a pipeline, dropout, train.remat=selective
+    or train.mlp_chunks > 1 (those keep the auto-sharded step: jaxpar.parallel.fsdp's docstring)."""
+    tc = cfg.train
+    return (fsdp > 1 and pipe == 1 and cfg.model.dropout == 0 and Remat(tc.remat) != Remat.SELECTIVE
+            and tc.mlp_chunks == 1)
+
+
+def tied_groups(mc: MeshConfig) -> int:
+    """Data groups of the tied-embedding reduction: mesh.data when only `data` splits the batch
+    (no fsdp, no pipeline), else 1 (jaxpar.parallel.tied)."""
+    return mc.data if mc.data > 1 and mc.fsdp == 1 and mc.pipe == 1 else 1
+
+
+def choose_loss_path(cfg: Config, mc: MeshConfig) -> str:
+    """The parallel program for this config on the resolved mesh `mc` (one of LOSS_PATHS)."""
+    if mc.pipe > 1:
+        return "1f1b" if cfg.pipeline.schedule == "1f1b" else "gpipe"
+    if zero3_applies(cfg, mc.fsdp, mc.pipe):
+        return "zero3"
+    return "tied" if tied_groups(mc) > 1 else "auto"
+
+
+# ----------------------------------------------------------------------------- the layout value
+
+
 @dataclasses.dataclass(frozen=True)
 class ParallelLayout:
     """Every parallelism decision for one (config, device count); see the module docstring."""
 
-    mesh: MeshConfig  # resolved sizes, product = device count
+    cfg: Config  # the run's config with `mesh` resolved (sizes, no -1)
+    mesh: MeshConfig  # resolved sizes, product = device count (= cfg.mesh)
     group_param_rules: dict[str, Rules]  # OSDP group -> parameter rules (incl. layers -> pipe)
     activation_rules: Rules  # outside the pipelined loop (the whole model when pipe == 1)
-    pipeline_rules: Rules  # inside the pipeline's shard_map body (auto axes only)
+    pipeline_rules: Rules  # inside a shard_map manual over the batch axes (pipeline, ZeRO-3): auto axes only
     batch_axes: tuple[str, ...]  # (B, T) token arrays: rows over these
     manual_axes: tuple[str, ...]  # the pipeline's shard_map is manual over these
     stages: StageLayout | None  # the pipeline's layer placement; None when mesh.pipe == 1
+    loss_path: str = "auto"  # which parallel program computes the loss (LOSS_PATHS)
     warnings: tuple[str, ...] = ()  # printed once by the command (e.g. a dominant bubble)
 
     @property
     def pipelined(self) -> bool:
         return self.stages is not None
+
+    @property
+    def tied_groups(self) -> int:
+        """G of the tied-embedding reduction (1: not grouped)."""
+        return tied_groups(self.mesh) if self.loss_path == "tied" else 1
 
     def rules_for(self, path: str) -> Rules:
         """Parameter rules of a dotted parameter path ("h.attn.c_attn.weight")."""
@@ -272,7 +321,9 @@ class ParallelLayout:
 def build_layout(cfg: Config, n_devices: int) -> ParallelLayout:
     """Resolve cfg.mesh against `n_devices` and every rule the config implies; validate once.
     Raises one-line ConfigErrors (bad mesh sizes, product != device count, pipeline settings,
-    divisibility). cfg is an already `config.validate`-d config."""
+    divisibility). cfg is an already `config.validate`-d config. The one place mesh sizes are
+    resolved for a run: the mesh (`jaxpar.parallel.mesh.build_mesh(layout)`), the step, eval and
+    inspect all read the result."""
     mc = resolve_mesh_config(cfg.mesh, n_devices)
     cfg = dataclasses.replace(cfg, mesh=mc)
     m, tc = cfg.model, cfg.train
@@ -290,5 +341,5 @@ def build_layout(cfg: Config, n_devices: int) -> ParallelLayout:
         # outside the pipelined loop the batch is also split over pipe when it divides, so the
         # embedding and head are spread over the pipe ranks rather than repeated on each
         act["batch"] = (*BATCH_AXES, "pipe")
-    return ParallelLayout(mc, groups, act, dict(PIPELINE_INNER_RULES), BATCH_AXES, PIPELINE_MANUAL_AXES,
-                          stages, warnings)
+    return ParallelLayout(cfg, mc, groups, act, dict(PIPELINE_INNER_RULES), BATCH_AXES, PIPELINE_MANUAL_AXES,
+                          stages, choose_loss_path(cfg, mc), warnings)

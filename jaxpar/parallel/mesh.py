@@ -102,18 +102,26 @@ def emulate_devices_for(mc: MeshConfig, env=None) -> int:
 # ----------------------------------------------------------------------------- build / describe
 
 
-def build_mesh(mc: MeshConfig, devices=None):
+def build_mesh(spec, devices=None):
     """A `jax.sharding.Mesh` with axes (data, fsdp, tensor, pipe) and Auto axis types.
 
-    `devices`: defaults to every device of every process (`jax.devices()`). The product of
-    the sizes (after filling one -1) must equal `len(devices)`, else ConfigError.
+    spec: a run's `ParallelLayout` (its sizes are already resolved: used as they are), or a
+    `MeshConfig` (one -1 is filled here, for library use). `devices`: defaults to every device of
+    every process (`jax.devices()`). The product of the sizes must equal `len(devices)`, else
+    ConfigError.
     """
     import jax
     import numpy as np
     from jax.sharding import AxisType
 
     devices = jax.devices() if devices is None else list(devices)
-    mc = resolve_mesh_config(mc, len(devices))
+    if isinstance(spec, MeshConfig):
+        mc = resolve_mesh_config(spec, len(devices))
+    else:  # a ParallelLayout: resolved once, in build_layout
+        mc = spec.mesh
+        if mesh_size(mc) != len(devices):
+            raise ConfigError(f"mesh {shown_sizes(dataclasses.asdict(mc))} was resolved for {mesh_size(mc)} "
+                              f"devices but {len(devices)} were given")
     # fill the devices in PLACEMENT order (tensor fastest), then name the dims in AXES order
     placed = np.asarray(devices, dtype=object).reshape([getattr(mc, a) for a in PLACEMENT])
     grid = placed.transpose([PLACEMENT.index(a) for a in AXES])

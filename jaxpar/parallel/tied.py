@@ -30,13 +30,6 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 
-def groups_for(mesh) -> int:
-    """G for `mesh`: its `data` size when the tied reduction applies, else 1 (not grouped)."""
-    shape = dict(mesh.shape)
-    data, fsdp, pipe = shape.get("data", 1), shape.get("fsdp", 1), shape.get("pipe", 1)
-    return data if data > 1 and fsdp == 1 and pipe == 1 else 1
-
-
 def grouped_loss(loss: Callable, mesh, groups: int, wte_spec: PartitionSpec) -> Callable:
     """loss(params, inputs (B, T), targets (B, T), key) -> the same mean loss, computed as
     the mean over `groups` batch groups with wte mapped per group (see module docstring).

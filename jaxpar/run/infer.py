@@ -1,7 +1,7 @@
 """A trained model on a mesh, for `jaxpar eval` and `jaxpar sample` (forward passes only).
 
 The params are placed with exactly the shardings training uses for the same config
-(`train.build_trainer` on the run's one `ParallelLayout`), restored through
+(the run's one `ParallelLayout`'s param specs), restored through
 `jaxpar.run.checkpoint.restore` whatever mesh wrote them. The forward and the per-row NLL are
 `jaxpar.run.evaluation`'s (the trainer's own eval function): through the pipeline schedule when
 `mesh.pipe > 1`, otherwise the plain model under the layout's activation rules.
@@ -10,6 +10,7 @@ The params are placed with exactly the shardings training uses for the same conf
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -21,9 +22,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxpar.config import Config, validate
 from jaxpar.models import gpt2
 from jaxpar.parallel import sharding as shd
-from jaxpar.parallel.mesh import resolve_mesh_config
+from jaxpar.parallel.mesh import build_mesh, resolve_mesh_config
 from jaxpar.run.checkpoint import restore
-from jaxpar.run.evaluation import make_logits_fn
+from jaxpar.run.evaluation import make_logits_fn, make_nll_fn
 
 
 @dataclasses.dataclass
@@ -58,19 +59,22 @@ def build_runner(cfg: Config, min_batch: bool = False) -> Runner:
     shardings and the forward function. Call after the devices are set up (`commands._devices_for`).
     Batches have `train.batch_size` rows, or with `min_batch` (sampling) the fewest the mesh
     takes: one per data replica and pipeline microbatch. No gradient accumulation in a forward."""
-    from jaxpar.train import build_trainer, resolve_layout
+    from jaxpar.train import resolve_layout
 
-    mc = resolve_mesh_config(cfg.mesh, jax.device_count())  # the sizes decide the batch rows
-    rows = mc.data * mc.fsdp * (cfg.pipeline.microbatches if mc.pipe > 1 else 1)
-    tc = dataclasses.replace(cfg.train, grad_accum=1, **({"batch_size": rows} if min_batch else {}))
-    cfg = validate(dataclasses.replace(cfg, mesh=mc, train=tc))
-    lay = resolve_layout(cfg, jax.device_count())  # every parallel decision, validated once
+    tc = dataclasses.replace(cfg.train, grad_accum=1)
+    if min_batch:  # the fewest rows the resolved sizes take (the layout then checks everything)
+        mc = resolve_mesh_config(cfg.mesh, jax.device_count())
+        tc = dataclasses.replace(tc, batch_size=mc.data * mc.fsdp * (cfg.pipeline.microbatches if mc.pipe > 1 else 1))
+    lay = resolve_layout(validate(dataclasses.replace(cfg, train=tc)), jax.device_count())  # validated once
     for w in lay.warnings:
         print(w, file=sys.stderr)
-    trainer = build_trainer(cfg, layout=lay)  # nothing is compiled until called
-    logits = make_logits_fn(cfg, lay, trainer.mesh)
-    return Runner(cfg, trainer.mesh, trainer.state_shardings["params"], trainer.batch_sharding, logits,
-                  trainer.eval_fn, trainer.put_batch)
+    cfg, mesh = lay.cfg, build_mesh(lay)
+    # the parameter and batch shardings training uses for the same config: the layout's
+    params_sh = shd.named(mesh, lay.param_specs(gpt2.param_axes(cfg.model)))
+    batch_sh = NamedSharding(mesh, shd.batch_spec(lay.batch_axes))
+    nll = make_nll_fn(cfg, lay, mesh, params_sh, batch_sh)
+    put = functools.partial(shd.put_global_batch, sharding=batch_sh)
+    return Runner(cfg, mesh, params_sh, batch_sh, make_logits_fn(cfg, lay, mesh), nll, put)
 
 
 def make_next_logits(r: Runner, width: int) -> Callable:

@@ -303,10 +303,11 @@ def theory_bytes(cfg) -> dict[str, float]:
 
 
 def compile_step(cfg, mesh=None, devices=None):
-    """Compile the train step for `cfg` without running it: returns (compiled, trainer).
+    """Compile the step training runs (`Trainer.loop_step_fn`, with its stop-flag all-reduce)
+    for `cfg` without running it: returns (compiled, trainer).
 
     `cfg.mesh` may hold one -1; `mesh`/`devices` default to every device. Nothing is
-    allocated: the state and batch are abstract (`ShapeDtypeStruct`s with shardings)."""
+    allocated: the state, batch and flag are abstract (`ShapeDtypeStruct`s with shardings)."""
     import jax
     import numpy as np
 
@@ -316,12 +317,11 @@ def compile_step(cfg, mesh=None, devices=None):
     if mesh is None:
         devices = jax.devices() if devices is None else list(devices)
     lay = resolve_layout(cfg, len(devices) if mesh is None else mesh.devices.size)  # one layout, validated once
-    cfg = dataclasses.replace(cfg, mesh=lay.mesh)
-    mesh = build_mesh(cfg.mesh, devices) if mesh is None else mesh
-    trainer = build_trainer(cfg, mesh, lay)
-    batch = jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.train.seq_len), np.int32,
+    trainer = build_trainer(lay, mesh if mesh is not None else build_mesh(lay, devices))
+    batch = jax.ShapeDtypeStruct((lay.cfg.train.batch_size, lay.cfg.train.seq_len), np.int32,
                                  sharding=trainer.batch_sharding)
-    compiled = trainer.step_fn.lower(trainer.abstract_state(), batch, batch).compile()
+    flag = jax.ShapeDtypeStruct((trainer.mesh.devices.size,), np.int32, sharding=trainer.flag_sharding)
+    compiled = trainer.loop_step_fn.lower(trainer.abstract_state(), batch, batch, flag).compile()
     return compiled, trainer
 
 

@@ -60,12 +60,12 @@ def prepare_config(cfg: Config) -> tuple[Config, ParallelLayout, dict | None]:
         # The shape comes from the weights; dropout is a training choice (nanoGPT's from_pretrained
         # override): model.dropout (default 0), never the HF config's resid_pdrop (0.1 in OpenAI's GPT-2).
         model_cfg = dataclasses.replace(model_cfg, dropout=cfg.model.dropout)
-        cfg = dataclasses.replace(cfg, model=model_cfg, model_name=f"hf:{cfg.init}")
-    validate(cfg)
+        # the model section came from the weights: its checks run once more, on the new shape
+        cfg = validate(dataclasses.replace(cfg, model=model_cfg, model_name=f"hf:{cfg.init}"))
     layout = resolve_layout(cfg, jax.device_count())  # every parallel decision, validated once
     for w in layout.warnings:
         print(w, file=sys.stderr)
-    return dataclasses.replace(cfg, mesh=layout.mesh), layout, init_params
+    return layout.cfg, layout, init_params
 
 
 def _latest_step(out: str) -> int | None:
@@ -134,7 +134,7 @@ def run_train(cfg: Config) -> int:
         if is_main:
             make_out(cfg.out)
         ds = _prepare_data(cfg, is_main)
-        trainer = build_trainer(cfg, layout=layout)
+        trainer = build_trainer(layout)
         state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step)
         ckpt = Checkpointer(cfg.out)  # after the restore, which may have moved damaged steps aside
         try:

@@ -82,16 +82,17 @@ def read_run_config(out: str) -> Config:
 def resolve_train(kv: dict, config_file: str | None) -> Config:
     """`jaxpar train` settings. With resume=true the run's own config.json is the base and only
     the keys given (YAML, then key=value) are applied; keys that change shapes or data are refused."""
-    given = {**(load_yaml(config_file) if config_file else {}), **kv}
+    file_kv = load_yaml(config_file) if config_file else {}  # the one read of the YAML file
+    given = {**file_kv, **kv}
     resume = parse_value(bool, given.get("resume", False), "resume")
     if not resume:
-        return C.resolve_kv(kv, config_file)
+        return C.resolve_kv(kv, base=None, file_kv=file_kv)
     out = str(given.get("out", Config().out))
     saved = read_run_config(out)
     # The checkpoint holds the weights (init= is spent) and the plan was applied when the run began.
     base = C.Config(**{**{f: getattr(saved, f) for f in saved.__dataclass_fields__}, "init": "", "plan": "",
                        "dry_run": False})
-    cfg = C.resolve_kv(kv, config_file, base)
+    cfg = C.resolve_kv(kv, base=base, file_kv=file_kv)
     if given.get("init"):
         raise ConfigError(f"init={given['init']!r} cannot be combined with resume=true (the checkpoint holds the weights)")
     changed = [(f"model.{k}", getattr(cfg.model, k), getattr(saved.model, k)) for k in SHAPE_KEYS

@@ -30,6 +30,7 @@ from flax import nnx
 
 from jaxpar.config import PRESETS, resolve
 from jaxpar.models import gpt2
+from jaxpar.parallel.layout import build_layout
 from jaxpar.parallel.mesh import build_mesh
 from jaxpar.tolerances import cpu_flags
 from jaxpar.train import make_loss_fn
@@ -70,7 +71,7 @@ def loss_and_grad_norm(overrides: tuple[str, ...]) -> tuple[str, str]:
     tokens = rng.integers(0, cfg.model.vocab_size, (2, 33), dtype=np.int32)
     x, y = jnp.asarray(tokens[:, :-1]), jnp.asarray(tokens[:, 1:])
     key = jax.random.PRNGKey(3) if cfg.model.dropout > 0 else None
-    loss_fn = make_loss_fn(cfg, mesh)
+    loss_fn = make_loss_fn(build_layout(cfg, mesh.devices.size), mesh)
     loss, grads = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, x, y, key)))(gpt2.init_params(cfg.model, 0))
     norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
     return float(np.float32(loss)).hex(), float(np.float32(norm)).hex()

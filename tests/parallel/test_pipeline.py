@@ -86,8 +86,8 @@ def _train_worker(names: list[str]) -> dict:
         cfg = Config(model=model, mesh=MeshConfig(**sizes), pipeline=PipelineConfig(**pipe_kw), train=tc,
                      precision=precision)
         mesh = build_mesh(cfg.mesh, devs[:int(np.prod(list(sizes.values())))] if sizes else devs[:1])
-        tr = build_trainer(cfg, mesh)
-        loss_fn = make_loss_fn(cfg, mesh)
+        tr = build_trainer(build_layout(cfg, mesh.devices.size), mesh)
+        loss_fn = make_loss_fn(tr.layout, mesh)
         psh = tr.state_shardings["params"]
         vg = jax.jit(jax.value_and_grad(lambda p, x, y: loss_fn(p, x, y, None)),
                      in_shardings=(psh, tr.batch_sharding, tr.batch_sharding), out_shardings=(None, psh))

@@ -124,8 +124,8 @@ def _grads_worker(names: list[str]) -> dict:
                          train=TrainConfig(batch_size=B, seq_len=T, **opts.get("train", {})),
                          sharding=ShardingConfig(replicate=opts.get("replicate", ())))
             mesh = build_mesh(cfg.mesh, jax.devices()[:int(np.prod(list(sizes.values())))])
-            tr = build_trainer(cfg, mesh)
-            loss_fn = make_loss_fn(cfg, mesh)
+            tr = build_trainer(build_layout(cfg, mesh.devices.size), mesh)
+            loss_fn = make_loss_fn(tr.layout, mesh)
             psh = tr.state_shardings["params"]
             vg = jax.jit(jax.value_and_grad(lambda p, x, y: loss_fn(p, x, y, None)),
                          in_shardings=(psh, tr.batch_sharding, tr.batch_sharding), out_shardings=(None, psh))
@@ -176,8 +176,8 @@ def _memory_worker(sizes, Ms) -> dict:
             cfg = Config(model=model, mesh=MeshConfig(**sizes), pipeline=PipelineConfig(microbatches=M, schedule=sched),
                          train=TrainConfig(batch_size=B, seq_len=T), precision="fp32")
             mesh = build_mesh(cfg.mesh, jax.devices()[:int(np.prod(list(sizes.values())))])
-            tr = build_trainer(cfg, mesh)
-            loss_fn = make_loss_fn(cfg, mesh)
+            tr = build_trainer(build_layout(cfg, mesh.devices.size), mesh)
+            loss_fn = make_loss_fn(tr.layout, mesh)
             psh = tr.state_shardings["params"]
             xs = jax.ShapeDtypeStruct((B, T), np.int32, sharding=tr.batch_sharding)
             ps = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),

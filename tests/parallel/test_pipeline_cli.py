@@ -12,7 +12,7 @@ from support.cli_helpers import run
 from gpt2common import data
 from jaxpar import config as C
 from jaxpar.models import gpt2
-from jaxpar.parallel.mesh import build_mesh
+from jaxpar.parallel.layout import build_layout
 from jaxpar.tolerances import SHARDED_VS_SINGLE
 from jaxpar.train import build_trainer
 
@@ -30,7 +30,7 @@ def test_train_pipe2_data2_tensor2_matches_single_device(tmp_path):
     # The same 3 steps on one device (same init, same batches from the run's prepared data).
     cfg = C.resolve(COMMON + [f"out={out}"])
     ds = data.Dataset.open(str(out / "data"), cfg.model.vocab_size, cfg.train.seq_len)
-    tr = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))
+    tr = build_trainer(build_layout(cfg, 1), devices=jax.devices()[:1])
     state, ref, ref_gn = tr.init_state(gpt2.init_params(cfg.model, cfg.seed)), [], []
     for step in range(3):
         x, y = data.train_batch(ds, cfg.train.seq_len, cfg.train.batch_size, cfg.seed, step)

@@ -116,7 +116,7 @@ def _worker(out_dir: str) -> None:
     from jaxpar.config import PRESETS, Config, MeshConfig, PipelineConfig, ShardingConfig, TrainConfig, resolve
     from jaxpar.models import gpt2
     from jaxpar.parallel import sharding as S
-    from jaxpar.parallel.mesh import build_mesh
+    from jaxpar.parallel.layout import build_layout
     from jaxpar.run.inspection import compile_step, parse_hlo
     from jaxpar.train import build_trainer
 
@@ -137,7 +137,7 @@ def _worker(out_dir: str) -> None:
     cases["dp_fsdp_tp_auto"] = dataclasses.replace(base, mesh=S.NAMED_MESHES["dp_fsdp_tp"],
                                                    train=dataclasses.replace(base.train, remat="selective"))
     for name, cfg in cases.items():
-        tr = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()))
+        tr = build_trainer(build_layout(cfg, jax.device_count()))
         batch = jax.ShapeDtypeStruct((B, T), np.int32, sharding=tr.batch_sharding)
         args = (tr.abstract_state(), batch, batch)
         text = tr.step_fn.lower(*args).as_text()
@@ -169,7 +169,7 @@ def _worker(out_dir: str) -> None:
 
     # sharding.replicate=embed,mlp: one fp32 step; gradient read back from AdamW's mu = (1-b1) g
     cfg = resolve(REPLICATE)
-    tr = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()))
+    tr = build_trainer(build_layout(cfg, jax.device_count()))
     x, y = np.load(os.path.join(out_dir, "batch.npy"))
     state, m = tr.step_fn(tr.init_state(gpt2.init_params(cfg.model, 0)), tr.put_batch(x), tr.put_batch(y))
     adam = next(s for s in jax.tree.leaves(state["opt_state"], is_leaf=lambda s: hasattr(s, "mu")) if hasattr(s, "mu"))

@@ -34,6 +34,7 @@ def _worker(out_path: str) -> None:
 
     from jaxpar.config import PRESETS, Config, MeshConfig, TrainConfig
     from jaxpar.models import gpt2
+    from jaxpar.parallel.layout import build_layout
     from jaxpar.parallel.mesh import build_mesh
     from jaxpar.train import build_trainer, make_loss_fn
 
@@ -52,8 +53,8 @@ def _worker(out_path: str) -> None:
         tc = TrainConfig(steps=STEPS, batch_size=8, seq_len=32, lr=1e-3, warmup_steps=0)
         cfg = Config(model=model, mesh=MeshConfig(**sizes), train=tc, precision=precision)
         mesh = build_mesh(cfg.mesh, devs[:int(np.prod(list(sizes.values())))] if sizes else devs[:1])
-        tr = build_trainer(cfg, mesh)
-        loss_fn = make_loss_fn(cfg, mesh)
+        tr = build_trainer(build_layout(cfg, mesh.devices.size), mesh)
+        loss_fn = make_loss_fn(tr.layout, mesh)
         grad = jax.jit(jax.grad(lambda p, x, y: loss_fn(p, x, y, None)),
                        in_shardings=(tr.state_shardings["params"], tr.batch_sharding, tr.batch_sharding))
         g = grad(jax.device_put(params, tr.state_shardings["params"]), tr.put_batch(batches[0][0]),

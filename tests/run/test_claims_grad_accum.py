@@ -16,7 +16,7 @@ import pytest
 from gpt2common import data as data_lib
 from jaxpar.config import PRESETS, Config, TrainConfig
 from jaxpar.models import gpt2
-from jaxpar.parallel.mesh import build_mesh
+from jaxpar.parallel.layout import build_layout
 from jaxpar.train import build_trainer
 
 K, B, T = 4, 8, 32
@@ -30,7 +30,7 @@ RTOL = 1e-6
 def first_step(accum: int, batch):
     tc = TrainConfig(steps=10, batch_size=B, seq_len=T, lr=1e-3, warmup_steps=0, grad_clip=0.0, grad_accum=accum)
     cfg = Config(model=PRESETS["gpt2-tiny"], train=tc, precision="fp32")
-    tr = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))
+    tr = build_trainer(build_layout(cfg, 1), devices=jax.devices()[:1])
     state, m = tr.step_fn(tr.init_state(gpt2.init_params(cfg.model, 0)), *map(tr.put_batch, batch))
     adam = next(s for s in jax.tree.leaves(state["opt_state"], is_leaf=lambda s: hasattr(s, "mu")) if hasattr(s, "mu"))
     g = jax.tree.map(lambda mu: np.asarray(mu) / (1 - tc.beta1), adam.mu)

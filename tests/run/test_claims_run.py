@@ -98,10 +98,11 @@ def step_one_loss(prepared: str, step_count: int) -> float:
     import jax.numpy as jnp
 
     from jaxpar.models import gpt2
+    from jaxpar.parallel.layout import build_layout
     from jaxpar.train import build_trainer
 
     cfg = resolve([*ARGS, f"data={prepared}"])
-    tr = build_trainer(cfg)
+    tr = build_trainer(build_layout(cfg, jax.device_count()))
     state = tr.init_state(gpt2.init_params(cfg.model, cfg.seed))
     state["step"] = jax.device_put(jnp.int32(step_count), tr.state_shardings["step"])
     x, y = data_lib.train_batch(data_lib.Dataset.open(prepared, 256, 32), 32, 4, cfg.seed, 0)

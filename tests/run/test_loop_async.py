@@ -13,6 +13,7 @@ import pytest
 from gpt2common import data as data_lib
 from jaxpar import config as C
 from jaxpar.models import gpt2
+from jaxpar.parallel.layout import build_layout
 from jaxpar.run.loop import run_train
 from jaxpar.train import build_trainer
 
@@ -28,7 +29,7 @@ def test_async_records_equal_a_synchronous_loop(tmp_path):
     recs = [json.loads(ln) for ln in open(tmp_path / "run" / "metrics.jsonl")]
 
     tc, ds = cfg.train, data_lib.Dataset.open(str(tmp_path / "run" / "data"), 256, 16)
-    tr = build_trainer(cfg)
+    tr = build_trainer(build_layout(cfg, jax.device_count()))
     state = tr.init_state(gpt2.init_params(cfg.model, cfg.seed))
     ref = []
     for step in range(tc.steps):

@@ -24,15 +24,16 @@ def main(data_dir: str, out: str, args: list[str]) -> None:
     from gpt2common import data, hf
     from jaxpar.config import resolve
     from jaxpar.models import gpt2
+    from jaxpar.parallel.layout import build_layout
     from jaxpar.train import build_trainer, make_loss_fn
 
     cfg = resolve([*args, "precision=fp32", f"data={data_dir}"])
     tc, mc = cfg.train, cfg.model
-    tr = build_trainer(cfg)
+    tr = build_trainer(build_layout(cfg, jax.device_count()))
     ds = data.Dataset.open(data_dir, mc.vocab_size, tc.seq_len)
     batches = [data.train_batch(ds, tc.seq_len, tc.batch_size, cfg.seed, s) for s in range(tc.steps)]
     params = gpt2.init_params(mc, cfg.seed)
-    loss_fn = make_loss_fn(cfg, tr.mesh)
+    loss_fn = make_loss_fn(tr.layout, tr.mesh)
     g = jax.jit(jax.grad(lambda p, x, y: loss_fn(p, x, y, None)))(params, *batches[0])
     state, losses = tr.init_state(params), []
     for x, y in batches:
