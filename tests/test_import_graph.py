@@ -59,3 +59,20 @@ def test_boundary_torchref_imports_no_jaxpar_and_gpt2common_imports_neither():
     assert {"gpt2common.grammar", "gpt2common.data", "gpt2common.hf"} <= set(graph["torchref.launch"]) | set(
         graph["torchref.runtime"]) | set(graph["torchref.config"]) | set(graph["torchref.model"])
     assert "gpt2common.grammar" in graph["jaxpar.config"] and "gpt2common.init" in graph["jaxpar.models.gpt2"]
+
+
+def test_no_module_is_named_like_a_standard_library_module():
+    """`jaxpar/inspect.py` once shadowed `inspect` for any script run from jaxpar/: names stay distinct."""
+    import sys
+
+    mods = build_graph(ROOT).keys()
+    assert [m for m in mods if m.rsplit(".", 1)[-1] in sys.stdlib_module_names] == []
+
+
+def test_jaxpar_root_holds_only_the_entry_point_the_step_and_the_shared_vocabulary():
+    """The wings: parallel/ (layout, mesh, rules, shard_map programs), models/ (GPT-2 and its
+    numerics), run/ (commands and run plumbing), planner/; the root keeps what every wing shares."""
+    root = ROOT / "jaxpar"
+    assert sorted(p.stem for p in root.glob("*.py")) == ["__init__", "cli", "config", "optim", "tolerances", "train"]
+    assert sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != "__pycache__") == [
+        "models", "parallel", "planner", "run"]
