@@ -229,7 +229,7 @@ def build_trainer(cfg: Config, mesh=None, layout: ParallelLayout | None = None) 
     return Trainer(cfg, lay, mesh, tx, state_sh, batch_sh, step_fn, eval_fn, lr_schedule(tc), loop_step_fn, flag_sh)
 
 
-# ----------------------------------------------------------------------------- metrics helpers
+# ----------------------------------------------------------------------------- metrics: FLOPs and peaks
 
 @functools.cache
 def measured_cpu_peak() -> float:

@@ -70,8 +70,8 @@ def test_masked_blocks_are_not_computed(dtype, monkeypatch):
 
 
 # Runs on every host: XLA:CPU's choice of YNNPACK bf16 dots (ynn_support.cc) reads no CPU feature, and an
-# emulated AVX2-only host (tests/avx2_host) compiles and runs the same dots (benchmarks/README.md, hP2).
-# Both forms run on every host (`dot_form`): AVX2-only hosts take the fp32-kernel one by default (hQ2).
+# emulated AVX2-only host (tests/avx2_host) compiles and runs the same dots (benchmarks/README.md, "Emulated AVX2-only host").
+# Both forms run on every host (`dot_form`): AVX2-only hosts take the fp32-kernel one by default.
 def test_blocked_bf16_dots_stay_bf16_ynnpack_dots(dot_form):
     """4 blocks x 6 dots, each bf16 x bf16 -> fp32 in YNNPACK (fp32-kernel form: each fp32); and it runs
     (a bf16 dot YNNPACK rejects late in compilation fails at run time)."""
