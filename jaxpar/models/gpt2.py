@@ -182,7 +182,7 @@ class Attention(nnx.Module):
 
     def _fused_core(self, key) -> bool:
         """The fused-qkv core for bf16 only: measured in fp32 it made the step slower (0.985x small,
-        0.988x mid; bf16 1.06-1.10x faster), so fp32 keeps q, k, v sliced (benchmarks/README.md, sixth pass)."""
+        0.988x mid; bf16 1.06-1.10x faster), so fp32 keeps q, k, v sliced (benchmarks/README.md, profile_step.py)."""
         return (self.impl == "einsum" and self.policy.attention_core and self.policy.compute_dtype == jnp.bfloat16
                 and (key is None or self.dropout == 0.0))
 

@@ -59,7 +59,7 @@ def _transpose_specs(spec: str) -> tuple[str, str]:
 # elementwise function's output: XLA:CPU fuses that function into the copy and recomputes it per element
 # instead of reading the materialized output (gelu: bias add and 0.5*x*(1 + tanh) from the saved tanh).
 # Measured on the 2-core Zen 4 host (CPU time, jit alone): the (512, 3072) gelu copy 5.6 ns/element, the
-# (2048, 1536) one 9.7, a plain transposed copy 1.0 (benchmarks/README.md, seventh pass); the lower ratio.
+# (2048, 1536) one 9.7, a plain transposed copy 1.0 (benchmarks/README.md, profile_step.py); the lower ratio.
 # bf16 copies are plain (the bf16 cast is materialized first): the weight applies to fp32 only.
 RECOMPUTED_COPY_COST = 5
 
