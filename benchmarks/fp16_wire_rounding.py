@@ -25,7 +25,8 @@ import tempfile
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+sys.path[:0] = [_TESTS, os.path.join(_TESTS, "torchref")]  # support.*, then the test module itself
 from test_torchref_strategies import BASE  # noqa: E402
 
 from torchref.config import resolve_ref  # noqa: E402

@@ -8,7 +8,7 @@ state) on a 1-device mesh, synchronised on its loss; warm-up steps (compilation)
 the median of `--steps` is reported. MFU = tokens/s x ModelConfig.flops_per_token(seq)
 (6N + 12·L·H·Q·T, the same formula as `jaxpar train`) / the device's dense bf16 peak
 (jaxpar.train.PEAK_FLOPS: H100 989 TFLOP/s). The GPU collective-overlap flags
-(jaxpar/run/xla_flags.py) are applied as `jaxpar train` does. Target (issue 12): >= 55% MFU for
+(jaxpar/run/xla_flags.py) are applied as `jaxpar train` does. Target: >= 55% MFU for
 GPT-2 350M on one H100. On a machine without a GPU it refuses: one line on stderr, exit 2.
 """
 

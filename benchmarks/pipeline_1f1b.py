@@ -10,7 +10,7 @@ memory: the train step's compiled temp bytes per device (`memory_analysis`) for 
 time:   median step wall time and process CPU time over 5 steps after 2 warm-ups, one
         process, the two schedules interleaved; gpt2-tiny L=4 on pipe=2 and pipe=4, M=8.
 comm:   collective wire bytes per device of data=2×fsdp=2×pipe=2, gpt2 (vocab 50304), batch
-        16×512, M=4, fp32, vs `jaxpar.run.inspection.theory_bytes` (benchmarks/comm_volume.py's helpers).
+        16×512, M=4, fp32, vs `jaxpar.run.inspection.theory_bytes` (as benchmarks/comm_volume.py counts them).
 Timings on a shared host are upper bounds; the JSON records the load average.
 """
 

@@ -1,4 +1,4 @@
-"""Pipeline bubble, per-stage memory and comm/compute overlap (issue 4, items 4-5).
+"""Pipeline bubble, per-stage memory and comm/compute overlap.
 
     python benchmarks/pipeline_bubble.py [--out bubble.json] [--stages 4] [--reps 5]
 

@@ -5,7 +5,7 @@ circular pipeline, fp32 and bf16) we compile jaxpar's real train step (jaxpar.ru
 nothing is executed) and compare
   * predicted per-device memory  vs  compiled.memory_analysis()  (arguments + outputs - aliased + temp)
   * predicted collective bytes   vs  bytes parsed from the optimized HLO (ring wire bytes per device)
-Targets (issue 7): memory within 10 %, bytes within 5 %. Misses are printed, not hidden.
+Targets: memory within 10 %, bytes within 5 %. Misses are printed, not hidden.
 
     python benchmarks/planner_accuracy.py [--out benchmarks/results/planner_accuracy.json] [--only 1,2]
 
@@ -54,12 +54,12 @@ CONFIGS = [
     ((2, 4, 1, 1), "fp32", "selective", 1, 1, 1, {"vc": 8, "mc": 4}),
     ((2, 4, 1, 1), "fp32", False, 1, 1, 1, {"rep": ("embed",)}),
     ((1, 8, 1, 1), "fp32", False, 1, 1, 1, {"rep": ("attn", "embed")}),
-    # pipeline.gather=layer: fsdp weights gathered per layer inside the stage (issue 15)
+    # pipeline.gather=layer: fsdp weights gathered per layer inside the stage
     ((1, 4, 1, 2), "fp32", False, 1, 2, 1, {"gather": "layer"}),
     ((2, 2, 1, 2), "bf16", False, 1, 2, 1, {"gather": "layer"}),
     ((2, 2, 1, 2), "fp32", False, 1, 2, 2, {"gather": "layer"}),
     # pipeline.schedule=1f1b (parallel/pipeline_1f1b.py): pipe 2 and 4, M below and above the
-    # ring's 2S-1 slots (issue 15)
+    # ring's 2S-1 slots
     ((4, 1, 1, 2), "fp32", False, 1, 2, 1, {"sched": "1f1b"}),
     ((1, 2, 2, 2), "fp32", False, 1, 8, 1, {"sched": "1f1b"}),
     ((2, 1, 1, 4), "fp32", False, 1, 2, 1, {"sched": "1f1b"}),

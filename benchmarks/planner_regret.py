@@ -7,7 +7,7 @@ vocab and MLP chunks), then reports
 
     regret = median step time of the planner's pick / best median step time - 1
 
-(target, issue 7: within 5 %), each candidate's predicted vs measured step time and the rank
+(target: within 5 %), each candidate's predicted vs measured step time and the rank
 correlation. How it measures, so that shared-machine noise hits every candidate alike: one process
 compiles every candidate ahead of time (each gets its own mesh over the same 8 devices), runs two
 warm-up steps each, then times `--rounds` rounds; a round runs every candidate once, in an order

@@ -1,6 +1,6 @@
 """Thunk census of one jaxpar train step on XLA:CPU: how many thunks run, on which threads, for how long.
 
-The method of benchmarks/README.md (issue 12, second and fifth passes) as a script: the real
+The census behind benchmarks/README.md's CPU step profile, as a script: the real
 `build_trainer` step of a `single_device.py` configuration, `keep_freed_memory()` first (as the
 CLI), untimed warm-up, then
 

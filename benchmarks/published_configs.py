@@ -3,11 +3,11 @@
 Sources (every row below, no others):
   * Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
     Megatron-LM" (arXiv 2104.04473), Table 1, as published in NVIDIA/Megatron-LM's README
-    (commit 50a4b5fa02, 2021-04-08, images/cases_april2021.png): hidden size, layers,
+    (as of 2021-04-08, images/cases_april2021.png): hidden size, layers,
     model-parallel size, GPUs, batch, achieved TFLOP/s per GPU; vocab 51,200, seq 2048, A100 GPUs
-    (80 GB, 8 per node: README of 2022-05-19, commit 2e90a342f5);
+    (80 GB, 8 per node: README of 2022-05-19);
   * the paper's own run script for that table, NVIDIA/Megatron-LM examples/sc21/run_table_1.sh
-    (commit de7dc40f88, 2021-08-10): tensor and pipeline sizes, heads, micro-batch size, global
+    (as of 2021-08-10): tensor and pipeline sizes, heads, micro-batch size, global
     batch, layers per virtual pipeline stage (interleaved schedule), `--checkpoint-activations`.
 So the published configuration is exact: M = batch / (data · micro-batch size) microbatches,
 R = layers / (pipe · layers per virtual stage) circular repeats, full recompute.
@@ -17,8 +17,8 @@ Published FLOPs are Megatron's count with full activation recomputation (paper e
 so the published figure in model FLOPs (what the planner's MFU counts, jaxpar's
 `ModelConfig.flops_per_token`: 6N + 12·L·H·Q·T) is TFLOP/s × model/Megatron FLOPs / 312 TFLOP/s.
 
-Also Korthikanti et al. 2022 (arXiv 2205.05198; MFU from the Megatron-LM README at commit
-2e90a342f5, configurations from the paper's Table 3, cross-checked against its Table 5 times):
+Also Korthikanti et al. 2022 (arXiv 2205.05198; MFU from the Megatron-LM README of
+2022-05-19, configurations from the paper's Table 3, cross-checked against its Table 5 times):
 22B, 175B, 530B, 1T with sequence parallelism and selective recompute, costed with Megatron's
 pipeline engine (cost.Strategy.engine, a what-if) and as jaxpar would run them.
 
@@ -48,9 +48,9 @@ import time
 from dataclasses import dataclass
 
 SRC_TABLE = ("Narayanan et al. 2021 (arXiv 2104.04473) Table 1, as in NVIDIA/Megatron-LM README "
-             "(commit 50a4b5fa02, images/cases_april2021.png)")
+             "(2021-04-08, images/cases_april2021.png)")
 SRC_FLOPS = "Narayanan et al. 2021, eq. 3 (section 5.1): F = 96 B s l h^2 (1 + s/6h + V/16lh)"
-SRC_SCRIPT = "NVIDIA/Megatron-LM examples/sc21/run_table_1.sh (commit de7dc40f88): t, p, heads, micro-batch, virtual stages"
+SRC_SCRIPT = "NVIDIA/Megatron-LM examples/sc21/run_table_1.sh (2021-08-10): t, p, heads, micro-batch, virtual stages"
 SRC_PLACEMENT = "megatron/core/parallel_state.py (tensor groups = consecutive ranks, pipeline groups strided by n/p)"
 SEQ, VOCAB, PEAK = 2048, 51200, 312e12  # A100 dense bf16 peak
 
@@ -161,7 +161,7 @@ def run_row(r: Row, dev) -> dict:
     from jaxpar.planner.search import search
 
     pub = published_mfu(r)
-    # the model before issue 15: efficiency 0.55, no GPU elementwise term, jaxpar's placement
+    # the simple cost model: efficiency 0.55, no GPU elementwise term, jaxpar's placement
     # only; then the placement on its own
     old = dataclasses.replace(dev, efficiency=0.55, hbm_bandwidth=0.0)
     variants = {"before": evaluate_published(r, old, PIPE_INNERMOST_ORDER),
@@ -230,7 +230,7 @@ def pipeline_choice(r: Row, dev) -> dict:
 
 # ----------------------------------------------------------------------------- Korthikanti et al. 2022
 
-SRC_2022_MFU = ("NVIDIA/Megatron-LM README (commit 2e90a342f5, 2022-05-19): model FLOPs utilization 22B 41.5%, "
+SRC_2022_MFU = ("NVIDIA/Megatron-LM README (2022-05-19): model FLOPs utilization 22B 41.5%, "
                 "175B 51.4%, 530B 56.0%, 1T 56.3%, 'measured using a data parallel size of one'")
 SRC_2022_CONFIG = ("Korthikanti et al. 2022 (arXiv 2205.05198), Table 3 (heads, hidden, layers, t, p, GPUs, global and "
                    "micro batch; seq 2048, vocab 51200, A100-80GB) and Table 5 (iteration time with sequence "
@@ -368,7 +368,7 @@ def markdown(rows: list[dict], dev) -> str:
            f"{dev.inter_bandwidth / 1e9:.0f} GB/s per GPU between nodes.",
            "(a) = the published configuration (mesh d×1×t×p, M microbatches, R interleaved chunks, full recompute), "
            "regardless of jaxpar's memory (its jaxpar memory per device in brackets: jaxpar's GPipe/circular scan keeps "
-           "every microbatch's stage input and the replica batch embedded twice, Megatron's 1F1B only p of them). before = the model before issue 15 (efficiency 0.55, no GPU "
+           "every microbatch's stage input and the replica batch embedded twice, Megatron's 1F1B only p of them). before = the simple cost model (efficiency 0.55, no GPU "
            "elementwise term, jaxpar's placement); placement = the published placement alone; after = all changes. "
            "+ engine = after, costed with Megatron-LM's pipeline engine and layer (1F1B memory, embedding/head on "
            "the end stages, scatter/gather p2p; recompute repeating both tensor all-reduces, Korthikanti et al. "

@@ -80,7 +80,7 @@ def config_of(dims, precision: str, seed: int = 0):
 
 
 def cpu_flags() -> list[str]:
-    """The CPU features that decide bf16 speed (see ../shared/DESIGN.md "Machine facts")."""
+    """The CPU features that decide bf16 speed (benchmarks/README.md, single_device.py)."""
     from jaxpar.tolerances import cpu_flags as all_flags
 
     have = all_flags()

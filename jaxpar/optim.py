@@ -10,7 +10,7 @@ finite flag, then three selects; 18 array reads + 7 writes), because the finite 
 new weights' norm before anything could be kept. Here the flag is known before the update (loss
 and gradient norm), so the guard is a scalar select inside each fusion and XLA emits, per leaf,
 one divide (the clipped gradient), mu, nu and the params: 11 reads + 4 writes, no copies
-(benchmarks/README.md, "Issue 12, fifth pass").
+(benchmarks/README.md, profile_step.py).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ NATIVE_BF16 = _native_bf16()
 # Hosts without native bf16 run bf16 matmuls in emulation kernels whose accumulation and
 # rounding points differ: one more rounding per product is allowed there. Never measured on a real
 # AVX2 host; on an emulated one (tests/avx2_host, AMD Zen 4 with XLA, YNNPACK and torch capped to
-# AVX2) every bf16 quantity came out within 1.0x its native value (benchmarks/README.md, hP2).
+# AVX2) every bf16 quantity came out within 1.0x its native value (benchmarks/README.md, "Emulated AVX2-only host").
 BF16_HOST_FACTOR = 1.0 if NATIVE_BF16 else 2.0
 
 
@@ -186,7 +186,7 @@ TABLE: dict[str, Bound] = {
                                                    "g (6.2% exactly 0) lies below fp16's smallest normal 6.1e-5, but "
                                                    "rounding only those moves the loss 2.1e-7, only the normal ones "
                                                    "6.7e-7 (benchmarks/fp16_wire_rounding.py). 6.18e-7 measured on "
-                                                   "the AMD Zen 4 host since update 1 runs at lr/3 (6b69980); when it "
+                                                   "the AMD Zen 4 host with update 1 at lr/3; when it "
                                                    "ran at lr 0: 1.57e-7 there, 1.83e-7 on the AMX host (not re-"
                                                    "measured since; it passed 6e-7 there). 1-ulp jitter of the fp32 "
                                                    "gradients: 6.18e-7 to 6.66e-7: not host rounding"),

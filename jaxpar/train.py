@@ -242,7 +242,7 @@ def build_trainer(layout: ParallelLayout, mesh=None, devices=None) -> Trainer:
     return Trainer(cfg, lay, mesh, tx, state_sh, batch_sh, step_fn, eval_fn, lr_schedule(tc), loop_step_fn, flag_sh)
 
 
-# ----------------------------------------------------------------------------- metrics helpers
+# ----------------------------------------------------------------------------- metrics: FLOPs and peaks
 
 @functools.cache
 def measured_cpu_peak() -> float:

@@ -1,4 +1,4 @@
-"""Fixtures of the parity tests: one shared starting point per model shape, built once per session."""
+"""Fixtures of the parity tests: one shared starting point per model shape, built once per pytest run."""
 
 import os
 

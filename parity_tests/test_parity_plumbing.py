@@ -3,7 +3,7 @@
 matrix turns a failed CLI and each row's gradients into rows, and how the report reaches its
 overall verdict. A comparison that silently passes is the worst bug of a parity suite, so each
 case plants one disagreement and checks that it comes out as a failure. Reference: the planted
-values and the docstrings of parity_tests/{property,matrix,report}.py. (hW2)"""
+values and the docstrings of parity_tests/{property,matrix,report}.py."""
 
 import json
 import math
@@ -156,8 +156,8 @@ def test_report_model_row_fails_when_any_adamw_step_is_off():
 
 
 def test_report_model_row_judges_each_check_by_its_own_bound():
-    """Each model check fails just over its own bound and passes at it (hZ2: the loss was judged by the
-    logits bound, 2.5x looser). Bounds: parity_tests/tolerances.MODEL."""
+    """Each model check fails just over its own bound and passes at it (the loss must not be judged
+    by the logits bound, 2.5x looser). Bounds: parity_tests/tolerances.MODEL."""
     from parity_tests.tolerances import MODEL
 
     def row(**kw):
@@ -177,7 +177,7 @@ def test_report_model_row_judges_each_check_by_its_own_bound():
 
 
 def test_report_fails_on_a_failed_model_row(tmp_path, monkeypatch):
-    """A failed model-parity row fails the whole report (hZ2: the overall verdict read only the matrix)."""
+    """A failed model-parity row fails the whole report (not only the matrix's verdict)."""
     _planted_report(monkeypatch, [])
     monkeypatch.setattr(report, "model_rows", lambda root: [{"pass": True}, {"pass": False}])
     assert report.build(str(tmp_path), log=lambda m: None)["pass"] is False
@@ -186,8 +186,8 @@ def test_report_fails_on_a_failed_model_row(tmp_path, monkeypatch):
 
 
 def test_trajectory_diffs_of_example_06_fail_a_run_that_turns_nan():
-    """examples/06_parity.py's verdict. Before hW2 its Python max() kept step 1's diff against the
-    nan steps of a diverged run (lr 1e30: both sides nan from step 2) and it printed PASS, exit 0."""
+    """examples/06_parity.py's verdict: a NaN diff fails. Python's max() keeps step 1's diff against the
+    nan steps of a diverged run (lr 1e30: both sides nan from step 2), which would print PASS, exit 0."""
     from parity_tests.common import trajectory_diffs
     from parity_tests.tolerances import TRAJECTORY
 

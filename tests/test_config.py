@@ -81,7 +81,7 @@ def test_the_readme_defaults():
     (["train.grad_clip=0"], ["train.grad_clip=-1"], "train.grad_clip=-1.0 must be >= 0"),
     # dropout 1 drops everything: inverted dropout would divide by 1 - p = 0
     (["model.dropout=0"], ["model.dropout=1"], "model.dropout=1.0 must be in [0, 1)"),
-    # uint16 token files hold ids 0..65535: a vocab of 65536 fits exactly (hW2)
+    # uint16 token files hold ids 0..65535: a vocab of 65536 fits exactly
     (["model.vocab_size=65536"], ["model.vocab_size=65537"],
      "model.vocab_size=65537 does not fit uint16 token files (max 65536)"),
 ])

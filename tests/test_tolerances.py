@@ -50,7 +50,7 @@ def test_cpuinfo_readers_take_the_first_cpus_model_name_and_flags_lines():
     assert T.proc_cpu_flags() == (set(flags[1].split()) if flags else set())
 
 
-# Every exported bound and the table entry it must be (hZ2); True: a bf16 bound, doubled off native bf16.
+# Every exported bound and the table entry it must be; True: a bf16 bound, doubled off native bf16.
 EXPORTS = {
     "SHARDED_VS_SINGLE.fp32.loss": ("sharded.fp32.loss", False), "SHARDED_VS_SINGLE.fp32.grad": ("sharded.fp32.grad", False),
     "SHARDED_VS_SINGLE.bf16.loss": ("sharded.bf16.loss", True), "SHARDED_VS_SINGLE.bf16.grad": ("sharded.bf16.grad", True),
@@ -88,7 +88,7 @@ print(json.dumps(out))
 def test_every_exported_bound_is_its_table_entry_doubled_for_bf16_off_native_hosts():
     """Each name the tests import is the table entry its name says (no other entry's value), and on a
     host without native bf16 (the JAXPAR_CPU_FLAGS seam, as tests/avx2_host sets it) exactly the bf16
-    ones are doubled (hZ2). Two fresh interpreters: the factor is fixed at import."""
+    ones are doubled. Two fresh interpreters: the factor is fixed at import."""
     import os
 
     for flags, factor in (("avx,avx2,fma", 2.0), ("avx2,avx512f,avx512_bf16", 1.0)):

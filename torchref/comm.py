@@ -1,4 +1,4 @@
-"""Communication helpers: byte counters, the explicit ring all-reduce, flatten/unflatten.
+"""Communication: byte counters, the explicit ring all-reduce, flatten/unflatten.
 
 Byte accounting (what `bytes_sent` / `bytes_received` in metrics.jsonl mean):
   * Counted: gradient and weight payloads only. The 4-8 byte loss/step scalars that feed the

@@ -1,7 +1,7 @@
 """A warm, clean process that forks the ranks of the fork strategies.
 
 Why not fork the launcher itself: the launcher may have started threads (JAX, a torch thread
-pool, e.g. inside a test session that ran jaxpar first) and forking a multithreaded process can
+pool, e.g. inside a pytest process that ran jaxpar first) and forking a multithreaded process can
 deadlock the child. Why not `multiprocessing` spawn/forkserver: they re-import the caller's
 `__main__` in every child. Why not a fresh interpreter per rank: importing torch + transformers
 costs ~7 s of CPU per rank. So the launcher starts this module once (`python -m torchref.zygote

@@ -182,7 +182,7 @@ class Attention(nnx.Module):
 
     def _fused_core(self, key) -> bool:
         """The fused-qkv core for bf16 only: measured in fp32 it made the step slower (0.985x small,
-        0.988x mid; bf16 1.06-1.10x faster), so fp32 keeps q, k, v sliced (benchmarks/README.md, sixth pass)."""
+        0.988x mid; bf16 1.06-1.10x faster), so fp32 keeps q, k, v sliced (benchmarks/README.md, profile_step.py)."""
         return (self.impl == "einsum" and self.policy.attention_core and self.policy.compute_dtype == jnp.bfloat16
                 and (key is None or self.dropout == 0.0))
 
@@ -263,30 +263,19 @@ class Block(nnx.Module):
 
 
 def scan_unroll(n_layer: int, backend: str | None = None, remat: Remat | str = Remat.NONE) -> int:
-    """How many layers one `lax.scan` iteration runs. On CPU: all of them, up to 12 (a
-    Python-style layer loop; compile time grows with depth, hence the cap). Measured in one
-    process, interleaved, loaded 2-core host, median CPU s/step scan -> unrolled: bf16 4L/128
-    0.30 -> 0.16, 6L/384 9.7 -> 6.2, GPT-2 124M (T256 B2) 23.2 -> 14.7; fp32 (once the weight
-    gradients stopped transposing the gelu output, precision._weight_grad) 1.15x, 1.10x, 1.03x
-    (before it mid was 1.04x: the transposed copies then fused the gelu recompute)
-    (benchmarks/README.md). The price in fp32 is memory: XLA makes the weight gradients'
-    transposed operand copies early and keeps them live, so the compiled step's peak grows (one
-    device: mid 579 -> 686 MiB, GPT-2 124M T256 B2 2430 -> 2595 MiB); in bf16 it shrinks (mid 560 ->
-    517, GPT-2 2412 -> 2374).
-    With remat (selective or full) always rolled: unrolled, the layers are straight-line code in
-    which XLA merges each layer's recomputation with its forward, so remat saves nothing. One
-    device, 6L D256 T256 B8, compiled temp memory, remat none / selective / full: fp32 unrolled 357.7
-    each, rolled 271.9 / 245.5 / 84.1 MiB; bf16 unrolled 241.4 / 241.4 / 247.4, rolled 263.1 / 229.2
-    / 67.3 (tests/models/test_scan_unroll.py pins that remat=full lowers the peak). The planner counts
-    the fp32 CPU copies (planner/activations.py `unrolled_layer_bytes`; jaxpar/planner/README.md,
-    "Rerun 2026-11-25" and "Rerun 2026-11-26").
-    On GPU: all of them up to 24 layers. One H200, bf16, seq 1024, median step rolled -> unrolled:
-    GPT-2 350M (24 layers) B8 68.3 -> 58.8 ms, 124M B16 58.5 -> 52.6 ms (the rolled loop stacks every
-    layer's saved activations with dynamic-update-slice copies; benchmarks/README.md, "gpu_mfu.py").
-    Deeper models (1.5B: 48) stay rolled: their compile time and memory unrolled were not measured;
-    nor was the GPU memory of the unrolled step at any depth (the planner does not model it there).
-    Elsewhere the rolled scan. `backend`: jax's default backend unless given (the planner asks for
-    "cpu")."""
+    """How many layers one `lax.scan` iteration runs (`backend`: jax's default unless given; the
+    planner asks for "cpu").
+
+    With remat (selective or full): 1, the rolled scan. Unrolled, the layers are straight-line code
+    in which XLA merges each layer's recomputation with its forward, so remat would save nothing
+    (tests/models/test_scan_unroll.py pins that remat=full lowers the compiled peak).
+    On CPU: every layer, up to 12. The unrolled step is faster in fp32 and bf16 (no residual
+    stacking, no loop); compile time grows with depth, hence the cap. The price in fp32 is memory:
+    XLA makes the weight gradients' transposed operand copies early and keeps them live, which the
+    planner counts (planner/activations.py `unrolled_layer_bytes`).
+    On GPU: every layer, up to 24: the rolled loop stacks every layer's saved activations with
+    dynamic-update-slice copies. Deeper models stay rolled: their compile time and memory unrolled
+    were not measured. Elsewhere the rolled scan. Figures: benchmarks/README.md, "Layer scan unrolling"."""
     backend = jax.default_backend() if backend is None else backend
     if Remat(remat) != Remat.NONE:
         return 1

@@ -33,7 +33,7 @@ block i computes its scores, probs and the four backward dots against keys [0, (
 the fully masked upper blocks are never computed, as torch's flash attention kernel skips them:
 (nb + 1) / (2 nb) of the FLOPs (T = 256: 4 blocks, 5/8). Measured on a 2-core AMD Zen 4 host (CPU
 time, one process, old/new): the fp32 core alone 1.25x at B8 T256 N6 Hd64; whole step mid fp32
-1.05x, mid bf16 1.035x (benchmarks/README.md, seventh pass). o and dQ equal the unblocked core's;
+1.05x, mid bf16 1.035x (benchmarks/README.md, profile_step.py). o and dQ equal the unblocked core's;
 dK/dV add the blocks' zero-padded contributions, another fp32 order (tests/models/test_causal_blocks.py).
 The saved probs shrink to the same (nb + 1) / (2 nb), as jaxpar.planner's activation model counts
 them on CPU devices (`causal_blocks`, DeviceSpec.causal_blocks).

@@ -59,7 +59,7 @@ def _transpose_specs(spec: str) -> tuple[str, str]:
 # elementwise function's output: XLA:CPU fuses that function into the copy and recomputes it per element
 # instead of reading the materialized output (gelu: bias add and 0.5*x*(1 + tanh) from the saved tanh).
 # Measured on the 2-core Zen 4 host (CPU time, jit alone): the (512, 3072) gelu copy 5.6 ns/element, the
-# (2048, 1536) one 9.7, a plain transposed copy 1.0 (benchmarks/README.md, seventh pass); the lower ratio.
+# (2048, 1536) one 9.7, a plain transposed copy 1.0 (benchmarks/README.md, profile_step.py); the lower ratio.
 # bf16 copies are plain (the bf16 cast is materialized first): the weight applies to fp32 only.
 RECOMPUTED_COPY_COST = 5
 
@@ -72,10 +72,8 @@ FP32_KERNEL_BF16_DOTS: bool | None = None
 def fp32_kernel_bf16_dots() -> bool:
     """Whether bf16 dots run as fp32 dots of their bf16-valued operands: on XLA:CPU without avx512_bf16/AMX.
 
-    Why: there YNNPACK's bf16 x bf16 -> fp32 kernel (AVX2) is 1.6-2x slower than its fp32 kernel on the
-    same shapes, and the dots are ~80% of the step; measured on an emulated AVX2 host (AMD Zen 4, tests/
-    avx2_host), small config: the step's dots 91.5 ms bf16 vs 57.9 fp32, the rest 23.0 vs 24.7
-    (benchmarks/README.md, hQ2). Same numerics: the operands hold bf16 values (bf16 products are exact
+    Why: there YNNPACK's bf16 x bf16 -> fp32 kernel (AVX2) is slower than its fp32 kernel on the same
+    shapes, and the dots are most of the step (figures: benchmarks/README.md, bf16_dot_form.py). Same numerics: the operands hold bf16 values (bf16 products are exact
     in fp32) and the dot accumulates in fp32 either way; only the kernel's summation order may differ."""
     if FP32_KERNEL_BF16_DOTS is not None:
         return FP32_KERNEL_BF16_DOTS

@@ -1,6 +1,6 @@
 """Pipeline stage partition: split a chain of L layers into S contiguous stages.
 
-Objective (issue 4, item 1): minimise the slowest stage, where stage k covering layers
+Objective: minimise the slowest stage, where stage k covering layers
 [i, j) costs
 
     time_k = sum(layer_costs[i:j]) + (first_extra if k == 0) + (last_extra if k == S-1)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 #                 mixed_attention keeps only its causal query blocks' share, see `blocks`); on GPUs
 #                 in bf16 the einsum core also keeps their bf16 copy (probs·V's operand)
 # jaxpar.models.layernorm's hand-written backward saves x + 2 fp32 stats where autodiff kept six fp32
-# (b, T, D) intermediates (recounted 2026-11-23, issue 12 residual diet). On GPUs in bf16 the
+# (b, T, D) intermediates. On GPUs in bf16 the
 # scan also saves each layer's compute-dtype weight casts: `estimate` adds those separately.
 REP_UNITS = 4  # compute dtype: ln_1 / ln_2 inputs and outputs, replicated over tensor
 LN_STATS_BYTES = 16  # per token: fp32 mean + rstd of ln_1 and ln_2, replicated over tensor

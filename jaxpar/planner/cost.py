@@ -591,7 +591,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
             # above (what a layer keeps) misses: the attention scores torch.baddbmm writes as
             # (b·np, s, s) in 16 bits for the fused softmax to read (its backward needs only the
             # probs), and the two RowParallelLinear outputs that bias-dropout-add reads (its backward
-            # needs only the mask) (megatron/model/transformer.py at de7dc40f88). Each is written and
+            # needs only the mask) (megatron/model/transformer.py, 2021). Each is written and
             # read in forward and in every forward recompute, and its gradient written and read in
             # backward: 4 + 2 per recompute passes (selective re-runs the scores: +2).
             scores = m.n_head * T * T * b / t * cb

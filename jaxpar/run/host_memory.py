@@ -5,8 +5,8 @@ Why: XLA:CPU mallocs an executable's temporaries at each execution and frees the
 (one block: 670 MB for the fp32 step of the L6/D384/T256/B8 benchmark config). glibc serves a
 block that large with a fresh `mmap` (a thread's arena cannot grow past 64 MiB, and then
 falls back to mmap even when M_MMAP_MAX is 0) and gives it back with `munmap`, so every step
-first-touched ~164k new 4 KiB pages: 0.34-0.42 s of kernel time in a 2.5 s CPU-time step
-(loaded 2-core host; benchmarks/README.md, issue 12). That is the cost the profile showed as
+first-touches ~164k new 4 KiB pages, a large share of the step's CPU time in the kernel
+(benchmarks/README.md, profile_step.py). That is the cost the profile showed as
 "zero fills of the scan's residual stacks": those are the first writes into the new block.
 
 With one arena (M_ARENA_MAX=1), no mmap (M_MMAP_MAX=0) and no trimming (M_TRIM_THRESHOLD=-1,

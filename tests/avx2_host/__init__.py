@@ -2,7 +2,7 @@
 takes on such a host: `python -m tests.avx2_host CMD...` runs CMD under `emulation_env()`.
 
 What each cap does (checked on a 2-core AMD Zen 4 host, jax 0.10.2, torch 2.13.0; benchmarks/
-README.md "hP2: an emulated AVX2-only host" has the figures):
+README.md "Emulated AVX2-only host" has the figures):
   JAXPAR_CPU_FLAGS       the host's /proc/cpuinfo flags less avx512* and amx*: jaxpar.tolerances.
                          cpu_flags() (NATIVE_BF16, BF16_HOST_FACTOR, pinned bits, report labels)
   XLA_FLAGS              --xla_cpu_max_isa=AVX2 (sitecustomize.py, in every process): XLA's LLVM

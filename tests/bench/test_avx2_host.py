@@ -67,7 +67,7 @@ def test_launcher_without_a_command_is_one_error_line():
 def test_bf16_gpt2_tiny_within_the_avx2_bounds_under_emulation():
     """gpt2-tiny bf16 vs fp32 (loss, worst gradient tensor in l2, logits) on the emulated AVX2 host.
     Measured there (2-core AMD Zen 4, emulated): loss 1.02e-5, grad 6.93e-3, logits 3.76e-3 with bf16 x bf16
-    dots; with the fp32-kernel form AVX2-only hosts now take (hQ2): 1.08e-5, 6.95e-3, 4.34e-3."""
+    dots; with the fp32-kernel form AVX2-only hosts now take: 1.08e-5, 6.95e-3, 4.34e-3."""
     env = emulation_env({**os.environ, "PYTHONPATH": ROOT})
     env.pop("XLA_FLAGS", None)
     r = subprocess.run([sys.executable, "-m", "tests.avx2_host.bf16_check"], cwd=ROOT, env=env,

@@ -1,5 +1,5 @@
 """benchmarks/comm_volume.py's arithmetic on a stand-in compiled step (no compile): the measured
-totals, the ratio to theory and the largest ops. Reference: the planted op list. (hW2)"""
+totals, the ratio to theory and the largest ops. Reference: the planted op list."""
 
 from types import SimpleNamespace
 

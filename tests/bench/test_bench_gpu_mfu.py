@@ -75,7 +75,7 @@ def test_trace_reader_sums_device_kernels_per_step():
 
 def test_measure_times_steps_after_warmup_and_derives_mfu_from_the_median(monkeypatch):
     """gpu_mfu.measure with a stand-in step (no GPU, no compile): --steps timed steps after --warmup
-    untimed ones; tokens/s and MFU from the median step, the run's FLOPs/token and the device peak. (hW2)"""
+    untimed ones; tokens/s and MFU from the median step, the run's FLOPs/token and the device peak."""
     import statistics
     from types import SimpleNamespace
 

@@ -1,7 +1,7 @@
 """benchmarks/planner_accuracy.py's arithmetic on a stand-in compiled step (no compile): a row's
 errors are predicted / measured - 1, and the planner is asked about the row's own strategy
 (grad accumulation as its microbatches). Reference: the planted measurements and the planner's
-own estimate of the same strategy. (hW2)"""
+own estimate of the same strategy."""
 
 from types import SimpleNamespace
 

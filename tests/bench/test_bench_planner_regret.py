@@ -36,7 +36,7 @@ def test_candidates_are_the_planners_then_variants_of_the_pick(bench):
 
 def test_report_names_the_fastest_candidate_and_the_regret_of_the_pick(bench, tmp_path, monkeypatch):
     """main() on planted step times (no compile, no timing): the JSON's best, regrets, spreads and
-    rank correlation are those of the planted times. (hW2)"""
+    rank correlation are those of the planted times."""
     import json
 
     cfg = bench.base_config(bench.MODEL)

@@ -48,7 +48,7 @@ def test_single_device_benchmark_micro(tmp_path):
         assert r["cpu_median_s"] == statistics.median(r["cpu_s"])
         # --rounds 2 fits one turn of the default --block 3, led by its one --settle step
         assert len(r["settle_s"]) == 1 and r["settle_s"][0] > 0
-        # the throughput figures are the median step's: B*T = 32 tokens, 6N + attention FLOPs per token (hW2)
+        # the throughput figures are the median step's: B*T = 32 tokens, 6N + attention FLOPs per token
         assert r["median_s"] == statistics.median(r["times_s"]) and r["tokens_per_s"] == 32 / r["median_s"]
         assert r["gflops_per_s"] == rep["config"]["flops_per_token"] * 32 / r["median_s"] / 1e9
     assert (rep["config"]["block"], rep["config"]["settle"]) == (3, 1)

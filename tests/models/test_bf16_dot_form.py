@@ -1,7 +1,7 @@
 """The bf16 policy's dots in the fp32-kernel form (jaxpar.models.precision.fp32_kernel_bf16_dots): on XLA:CPU
 without native bf16 (AVX2-only hosts) every bf16 x bf16 -> fp32 dot runs as an fp32 dot of the same
 bf16 values, because YNNPACK's AVX2 bf16 kernel is 1.6-2x slower than its fp32 one (benchmarks/
-README.md, hQ2). Same numerics: the operands hold exactly the bf16-rounded values. The dot forms of
+README.md, bf16_dot_form.py). Same numerics: the operands hold exactly the bf16-rounded values. The dot forms of
 both are pinned in tests/models/test_mixed_attention.py, test_causal_blocks.py and test_precision.py
 (`dot_form`); here the rounding itself and which hosts take the form."""
 

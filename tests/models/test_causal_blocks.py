@@ -3,7 +3,7 @@
 At T = 256 the core splits the queries into 4 blocks of 64 rows; block i sees keys [0, 64 (i+1))
 only, so the six dots of the forward and backward skip the fully masked upper blocks of the
 (T, T) scores: sum_i 64 * 64 (i+1) = 10/16 of T^2 score entries, i.e. 5/8 of the unblocked FLOPs
-(benchmarks/README.md, seventh pass). Pinned here: the block rule, the dot FLOPs of the compiled
+(benchmarks/README.md, profile_step.py). Pinned here: the block rule, the dot FLOPs of the compiled
 forward+backward (fp32 and bf16), that every bf16 dot stays a bf16 YNNPACK dot, and the values
 against the unblocked core. The values against a plain autodiff reference are in
 tests/models/test_fp32_dots.py (fp32) and tests/models/test_mixed_attention.py (bf16), whose shapes include a
@@ -70,8 +70,8 @@ def test_masked_blocks_are_not_computed(dtype, monkeypatch):
 
 
 # Runs on every host: XLA:CPU's choice of YNNPACK bf16 dots (ynn_support.cc) reads no CPU feature, and an
-# emulated AVX2-only host (tests/avx2_host) compiles and runs the same dots (benchmarks/README.md, hP2).
-# Both forms run on every host (`dot_form`): AVX2-only hosts take the fp32-kernel one by default (hQ2).
+# emulated AVX2-only host (tests/avx2_host) compiles and runs the same dots (benchmarks/README.md, "Emulated AVX2-only host").
+# Both forms run on every host (`dot_form`): AVX2-only hosts take the fp32-kernel one by default.
 def test_blocked_bf16_dots_stay_bf16_ynnpack_dots(dot_form):
     """4 blocks x 6 dots, each bf16 x bf16 -> fp32 in YNNPACK (fp32-kernel form: each fp32); and it runs
     (a bf16 dot YNNPACK rejects late in compilation fails at run time)."""

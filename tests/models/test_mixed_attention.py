@@ -96,8 +96,8 @@ def _dots(hlo: str):
 
 
 # Runs on every host: XLA:CPU's choice of YNNPACK bf16 dots (ynn_support.cc) reads no CPU feature, and an
-# emulated AVX2-only host (tests/avx2_host) compiles and runs the same dots (benchmarks/README.md, hP2).
-# Both forms run on every host (`dot_form`): AVX2-only hosts take the fp32-kernel one by default (hQ2).
+# emulated AVX2-only host (tests/avx2_host) compiles and runs the same dots (benchmarks/README.md, "Emulated AVX2-only host").
+# Both forms run on every host (`dot_form`): AVX2-only hosts take the fp32-kernel one by default.
 def test_every_dot_of_the_bf16_step_is_a_bf16_ynnpack_dot(dot_form):
     """Reference: gpt2-tiny at one layer, fwd+bwd at B=2, T=32: per layer 4 weight matmuls x 3 dots
     and 6 attention dots, plus the tied head's 3 (logits, dx, dW); every one bf16 x bf16 -> fp32,

@@ -1,8 +1,8 @@
-"""The model pinned across the NNX rewrite of jaxpar/models/gpt2.py (issue 14: structure, not math):
+"""The model pinned across the NNX rewrite of jaxpar/models/gpt2.py (structure, not math):
 its parameter tree (names, shapes, dtypes, logical axes) and its loss and gradient bit for bit on
 one device.
 
-The pins were taken with the model as it stood before that rewrite (main at 19da512, after
+The pins were taken with the model as it stood before that rewrite (after
 jaxpar.models.gelu.gelu_tanh replaced jax.nn.gelu: a deliberate change of math re-derives them
 the same way), through the trainer's own loss (`train.make_loss_fn`: activation rules, remat, chunking, dropout keys), on
 gpt2-tiny with the shared numpy init and a fixed numpy batch. They are float32 bit patterns from
@@ -16,7 +16,7 @@ cotangents round the other way: gpt2-tiny's bf16 gradients are as close to fp32 
 tensor l2 7.2e-3 vs 7.8e-3, all tensors 6.05e-3 vs 6.07e-3).
 
 A second host kind (AMD EPYC Zen 4: avx512_bf16, no AMX) rounds the two bf16 cases differently
-(loss 0x1.67eeb4 vs 0x1.67eeb0 with dropout); its pins were taken at main 190ce14, where the AMX
+(loss 0x1.67eeb4 vs 0x1.67eeb0 with dropout); its pins were taken from a tree where the AMX
 host's pins held, so both sets pin the same model. fp32 is bit-identical on both kinds.
 """
 

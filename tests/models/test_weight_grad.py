@@ -9,7 +9,8 @@ YNNPACK, and both cotangents equal to the plain einsums' (dx bit-identical; dW t
 summed in another order, within FP32_DOTS_VS_PLAIN), in fp32 and bf16; and, in the gpt2 step,
 which of c_proj's operands is transposed. bf16 runs on every host: XLA:CPU's choice of YNNPACK
 dots (`IsDotSupportedByYnn`) reads no CPU feature, and on an emulated AVX2-only host (tests/
-avx2_host) these pins hold unchanged (benchmarks/README.md, hP2).
+avx2_host) these pins hold unchanged (benchmarks/README.md, "Emulated
+AVX2-only host").
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def test_inspect_prints_the_layouts_warnings_on_stderr(monkeypatch, capsys):
     (2, "1f1b", 4, False),
 ])
 def test_theory_pipeline_terms_per_microstep(accum, schedule, ticks, ends):
-    """The pipeline theory with train.grad_accum=A and each schedule (hZ2), closed forms for gpt2-tiny
+    """The pipeline theory with train.grad_accum=A and each schedule, closed forms for gpt2-tiny
     (D=128) on data=4 x pipe=2, M=2, batch 16·A x 64, fp32: each microstep moves N permutes each way of one
     (b=2, 64, 128) microbatch, plus (GPipe) the ends of its 16/4 = 4 rows per data replica. No compile."""
     from jaxpar.config import PRESETS, Config, MeshConfig, PipelineConfig, TrainConfig
@@ -208,7 +208,7 @@ ENTRY %main (x: f32[1024]) -> f32[1024] {
     ("", 1, 1),  # counted once and reported as such: the report's note says the bytes are a lower bound
 ])
 def test_loop_bodies_count_their_trips_and_unknown_trips_are_reported(trip, times, unknown):
-    """An all-reduce of f32[1024] over all 8 devices in a while body: 2·7/8·4096 bytes per trip (hZ2)."""
+    """An all-reduce of f32[1024] over all 8 devices in a while body: 2·7/8·4096 bytes per trip."""
     from jaxpar.run.inspection import collective_bytes
 
     c = collective_bytes(_LOOP.replace(" TRIP", trip))

@@ -95,8 +95,8 @@ def test_example_08_params_really_split_over_fsdp_and_tensor(example_08):
 
 
 def test_example_08_prints_the_diffs_of_the_runs_it_saved(example_08):
-    """The closing line newcomers read is the diffs of the two runs in the .npz (hZ2: a gradient diff of
-    a run against itself printed 0.00e+00 whatever the runs did)."""
+    """The closing line newcomers read is the diffs of the two runs in the .npz (a gradient diff of
+    a run against itself would print 0.00e+00 whatever the runs did)."""
     import re
 
     stdout, z = example_08

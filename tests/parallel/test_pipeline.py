@@ -1,4 +1,4 @@
-"""Pipeline parallelism (issue 4): schedule arithmetic, stage layout, config errors, forward ==
+"""Pipeline parallelism: schedule arithmetic, stage layout, config errors, forward ==
 sequential layer loop, and pipelined training == single device (fp32, 8 emulated CPU devices).
 
 Multi-device work runs in one subprocess per fixture (XLA's device count must be set before

@@ -48,7 +48,7 @@ ACTIVATIONS = {  # lowered tensor type -> (name, logical axes)
 # 8 -> 1 row per device; 4 or 8 rows would mean the batch is not split over data x fsdp.
 COMPILED_SHAPES = ("bf16[1,32,512]", "f32[1,32,256]", "bf16[4,32,512]", "f32[4,32,256]", "bf16[8,32,512]",
                    "f32[8,32,256]")
-# mesh.data=-1: the report must name the resolved mesh (data=2 on 8 devices), not the -1 (hZ2)
+# mesh.data=-1: the report must name the resolved mesh (data=2 on 8 devices), not the -1
 DRY = ["model=gpt2-tiny", "mesh.data=-1", "mesh.fsdp=4", f"train.batch_size={B}", f"train.seq_len={T}"]
 REPLICATE = ["model=gpt2-tiny", "mesh.data=2", "mesh.fsdp=4", "sharding.replicate=embed,mlp", "precision=fp32",
              f"train.batch_size={B}", f"train.seq_len={T}", "train.grad_clip=0", "train.warmup_steps=0"]
@@ -252,8 +252,8 @@ def test_gradient_reduction_is_fp32_under_bf16(results):
 def test_dry_run_prints_memory_and_bytes_and_writes_nothing(results):
     """Reference: closed forms. Arguments = fp32 params + AdamW mu and nu, ZeRO-3 over fsdp=4
     (`sharding.local_shard_elements`), + the optimizer's two int32 counters, the int32 step and
-    the two (B/8, T) int32 batch shards. Measured bytes vs theory is h12's test
-    (tests of jaxpar.run.inspection); here the printed numbers and the theory's closed form."""
+    the two (B/8, T) int32 batch shards. Measured bytes vs theory is tested
+    with jaxpar.run.inspection (tests/parallel/test_comm_bytes.py); here the printed numbers and the theory's closed form."""
     from jaxpar.config import PRESETS, MeshConfig
     from jaxpar.parallel.sharding import local_shard_elements
 
@@ -284,7 +284,7 @@ def test_dry_run_prints_memory_and_bytes_and_writes_nothing(results):
     # the two biases with no embed dim, all-reduced over fsdp)
     assert 0.95 * th["total"] <= coll["total_wire_bytes"] <= 1.05 * th["total"], (coll, th)
     assert f"{coll['total_wire_bytes'] / 2**20:,.2f} MiB" in next(ln for ln in lines if ln.startswith("  total"))
-    # what the report prints is the JSON's numbers, each under its own label (hZ2): the resolved mesh,
+    # what the report prints is the JSON's numbers, each under its own label: the resolved mesh,
     # measured/theory (not its inverse), memory parts and each kind's payload and wire columns
     assert info["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1, "pipe": 1}
     assert info["ratio"] == coll["total_wire_bytes"] / th["total"]

@@ -1,7 +1,7 @@
 """Sharded == single device on 8 emulated CPU devices (fp32 within 1e-5; bf16 looser).
 
 The comparison runs once in a subprocess (XLA's device count must be set before JAX
-initialises, and other test files in this session keep the real device count); the tests
+initialises, and other test files in the same pytest process keep the real device count); the tests
 below assert on its JSON. Same numpy init (`gpt2.init_params`) placed with `device_put`,
 same numpy batches, 5 optimizer steps.
 """

@@ -47,7 +47,7 @@ def test_human_table(tmp_path, capsys):
     (["devices=0"], "error: devices=0 must be >= 1"),
     (["device=tpu"], "error: device='tpu' is not known (choose from cpu, a100-40g, a100-80g, h100, h200)"),
     (["memory_limit=big"], "error: memory_limit='big' is not a size (e.g. 16GB, 40GiB, 1.6e10)"),
-    # float() reads these; inf was an OverflowError traceback, nan "no plan fits memory_limit=nan GiB" (hT2)
+    # float() reads these; inf was an OverflowError traceback, nan "no plan fits memory_limit=nan GiB"
     (["memory_limit=inf"], "error: memory_limit='inf' is not a size (e.g. 16GB, 40GiB, 1.6e10)"),
     (["memory_limit=nanGB"], "error: memory_limit='nanGB' is not a size (e.g. 16GB, 40GiB, 1.6e10)"),
     (["device.memory=1e400"], "error: device.memory='1e400' is not a size (e.g. 16GB, 40GiB, 1.6e10)"),
@@ -65,7 +65,7 @@ def test_errors_exit_2_one_line(argv, msg, capsys, tmp_path):
 
 
 def test_one_device_and_one_row_are_accepted(tmp_path, capsys):
-    """devices=1 and top=1 are the smallest values the usage allows (`_int`'s lower bound is inclusive; hZ2)."""
+    """devices=1 and top=1 are the smallest values the usage allows (`_int`'s lower bound is inclusive)."""
     assert main(["model=gpt2-tiny", "devices=1", "top=1", "device=cpu", "train.batch_size=8", "train.seq_len=64",
                  f"out={tmp_path}/plan.json", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["mesh"] == {"data": 1, "fsdp": 1, "tensor": 1, "pipe": 1}
@@ -312,7 +312,7 @@ def test_fixed_config_over_memory_names_the_resource(tmp_path, capsys):
      "(model.n_embd=768, model.n_head=12, model.n_layer=12)"),
     (["mesh.pipe=2", "train.grad_accum=2"], "error: train.grad_accum=2 with a pipeline is not modelled: a pipeline "
                                             "accumulates over pipeline.microbatches (fix that instead)"),
-    # the same without mesh.pipe: pipeline.microbatches asks for a pipeline (hV2)
+    # the same without mesh.pipe: pipeline.microbatches asks for a pipeline
     (["pipeline.microbatches=4", "train.grad_accum=2"], "error: train.grad_accum=2 with a pipeline is not modelled: a "
                                                         "pipeline accumulates over pipeline.microbatches (fix that instead)"),
     (["train.remat=sometimes"], "error: train.remat='sometimes' must be one of none, selective, full (or true/false)"),
@@ -392,7 +392,7 @@ def test_plan_cli_attention_flash_is_planned_with_flash(tmp_path, capsys):
     assert act["flash"] < act["naive"]
 
 
-# --- hV2: what `jaxpar train plan=` takes from a plan, and where the device count comes from ------
+# --- what `jaxpar train plan=` takes from a plan, and where the device count comes from ------
 
 
 def test_a_plan_applies_its_accumulation_and_schedule(tmp_path):

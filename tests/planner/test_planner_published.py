@@ -41,7 +41,7 @@ def test_rows_within_15_percent(name):
     old = dataclasses.replace(dev, efficiency=0.55, hbm_bandwidth=0.0)
     before = P.evaluate_published(r, old, PIPE_INNERMOST_ORDER)
     if r.pipe > 1:
-        # the model before issue 15 put t=8 × p=2's tensor axis across nodes: -49%
+        # a model that ignores node boundaries puts t=8 × p=2's tensor axis across nodes: -49%
         assert before.mfu / pub - 1 < -0.4 and before.comm_s["tensor"] > 5 * after.comm_s["tensor"]
     else:
         assert abs(before.mfu / pub - 1) <= 0.15
@@ -99,7 +99,7 @@ def test_megatron_engine_rows_2021():
     dev = _a100()
     got = {r.name: P.evaluate_published(r, dev, MEGATRON_ORDER, "megatron").mfu / P.published_mfu(r) - 1
            for r in P.ROWS}
-    # with Megatron's layer (issue 15, last gaps): its recompute repeats both tensor all-reduces (6
+    # with Megatron's layer: its recompute repeats both tensor all-reduces (6
     # per layer, not XLA's 5), its activation count (dropout masks, 16-bit probs: Korthikanti et al.
     # 2022 Table 2) and the tensors it produces without keeping (baddbmm scores, RowParallelLinear
     # outputs) in the HBM traffic; the layer terms apply without a pipeline too (1.7B-18.4B).

@@ -115,10 +115,10 @@ def test_1024_devices_is_fast_and_bounded():
     # "fast" is counted, not timed: the number of cost-model estimates is a property of the search
     # alone, while wall time is the host's load (0.9 s for 4575 estimates at load 7 on a shared
     # 2-core host); planning time is measured in benchmarks/published_configs.py (plan_seconds).
-    assert res.evaluated < 5000  # 4575 at 9a6f5ea and 7116d54
+    assert res.evaluated < 5000  # 4575 with the current search space
     big = ModelConfig(n_layer=32, n_embd=4096, n_head=32, vocab_size=50304, n_positions=2048)
     res = search(Workload(big, 2048, 2048), 1024, H100, H100.memory)
-    assert res.best is not None and res.evaluated < 40000  # 26603 at 9a6f5ea and 7116d54
+    assert res.best is not None and res.evaluated < 40000  # 26603 with the current search space
 
 
 def test_no_fit_names_smallest_memory():
@@ -234,7 +234,7 @@ def test_equal_step_times_rank_the_lighter_plan_first():
         assert (x.step_time_s, x.memory["total"]) <= (y.step_time_s, y.memory["total"])
 
 
-# --- hV2: what the search offers must be what jaxpar train can run -----------------------------
+# --- what the search offers must be what jaxpar train can run -----------------------------
 
 
 def test_options_offer_only_splits_train_can_run():

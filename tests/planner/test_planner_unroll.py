@@ -1,5 +1,5 @@
 """The planner's memory term for XLA:CPU's unrolled fp32 layer loop (jaxpar/planner/activations.py
-`unrolled_layer_bytes`, `unrolled_peak_bytes`; jaxpar/planner/README.md, "Rerun 2026-11-26")."""
+`unrolled_layer_bytes`, `unrolled_peak_bytes`; jaxpar/planner/README.md, "Accuracy against the compiler")."""
 
 from support.cli_helpers import run_probe
 

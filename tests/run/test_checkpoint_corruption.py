@@ -1,4 +1,4 @@
-"""Damaged checkpoints (issue 13, case 4): truncated, zero-filled or deleted files in the latest
+"""Damaged checkpoints: truncated, zero-filled or deleted files in the latest
 step make `jaxpar.run.checkpoint.restore` (the one path behind resume, eval, sample and convert)
 fall back to the newest intact step with one warning line naming the skipped step; nothing
 readable at all is one ConfigError (CLI: one `error:` line, exit 2).

@@ -1,4 +1,4 @@
-"""A checkpoint from any mesh works everywhere (issue 16).
+"""A checkpoint from any mesh works everywhere.
 
 For runs trained 3 steps on one device, data x fsdp x tensor, a GPipe and a circular pipeline,
 and 2 processes: `jaxpar eval` on one device and on the training mesh (through the pipeline
@@ -22,7 +22,7 @@ from gpt2common import data as data_lib
 from jaxpar.tolerances import SHARDED_VS_SINGLE
 
 TOL = SHARDED_VS_SINGLE["fp32"]["loss"]
-HF_TOL = 1e-5  # jaxpar eval vs transformers on the exported weights (issue 16)
+HF_TOL = 1e-5  # jaxpar eval vs transformers on the exported weights
 TINY = ["model.n_layer=4", "model.n_embd=32", "model.n_head=2", "model.vocab_size=256", "train.seq_len=16",
         "train.batch_size=4", "train.steps=3", "precision=fp32", "train.eval_every=0", "progress=none",
         "device_peak_flops=1e12"]

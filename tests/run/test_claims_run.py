@@ -72,7 +72,7 @@ def runs(tmp_path_factory):
         mp.setattr(loop.MetricsLogger, "log", log_then_interrupt)
         try:
             first = train("stopped", "progress=plain")
-        except KeyboardInterrupt:  # no handler: a failed test, not an interrupted session
+        except KeyboardInterrupt:  # no handler: a failed test, not an interrupted pytest run
             pytest.fail("jaxpar train did not handle SIGINT (KeyboardInterrupt reached the caller)")
         finally:
             mp.undo()

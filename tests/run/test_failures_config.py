@@ -66,8 +66,8 @@ def test_command_arguments_missing_or_conflicting_are_one_line(argv, line, tmp_p
 
 
 def test_error_line_is_one_write(monkeypatch):
-    """Two ranks sharing an unbuffered stderr joined their lines when print() wrote the
-    text and the newline separately (issue 18's flaky launch test)."""
+    """Two ranks sharing an unbuffered stderr join their lines when print() writes the
+    text and the newline separately (a launch test then sees a torn line)."""
     writes = []
 
     class Recorder:

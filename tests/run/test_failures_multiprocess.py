@@ -1,6 +1,5 @@
-"""SIGTERM to ONE rank of a `jaxpar launch nprocs=2` job (issue 13, case 1): before, the
-signalled rank went to checkpoint while its peer waited in the next all-reduce, and the job hung.
-Now the stop flag is an input of the step, reduced across processes inside it, so both ranks
+"""SIGTERM to ONE rank of a `jaxpar launch nprocs=2` job: the signalled rank must not go to
+checkpoint while its peer waits in the next all-reduce (the job would hang). The stop flag is an input of the step, reduced across processes inside it, so both ranks
 stop after the same step, write one checkpoint together and exit 0.
 
 Race-free: the job runs for 10^5 steps, so the signal always finds it training.

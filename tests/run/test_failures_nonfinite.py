@@ -3,7 +3,7 @@ in two parts around a `resume=true`, all in one run dir), the stop line's last c
 (slow) `resume=true` from the run's own config.json with a torn metrics line.
 
 lr=1e6 drives the tiny model's loss to ~1e13 and then its gradient norm to NaN within a few
-steps (issue 13, case 2). Independent reference: the arrays read back from the checkpoint
+steps. Independent reference: the arrays read back from the checkpoint
 files with orbax, and the first run's own losses for the bit-identical restart."""
 
 from __future__ import annotations

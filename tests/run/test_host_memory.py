@@ -1,5 +1,5 @@
 """jaxpar.run.host_memory: with it, XLA:CPU's per-execution buffers stop being page-faulted in anew
-at every call (issue 12: 0.34-0.42 s of kernel time per mid-config fp32 step before).
+at every call (without it, page faults cost a mid-config fp32 step a large share of its time).
 
 Each case is its own process (the malloc settings are process-wide and must precede JAX's CPU
 client). The probe's (8192, 4096) fp32 matmul output (128 MiB) is a temporary of the executable;

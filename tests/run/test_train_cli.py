@@ -53,7 +53,7 @@ def test_run_dir_contents(trained):
 
 def test_eval_checkpoint_matches_contract(trained, tmp_path):
     """Reference: HF transformers on the checkpoint's weights over windows k*64..k*64+64 of
-    val.bin, k = 0..4 (the contract in DESIGN.md), computed here by hand; then the same number
+    val.bin, k = 0..4 (the README's `jaxpar eval` contract), computed here by hand; then the same number
     from a raw .bin and another batching."""
     from support.claims_helpers import hf_mean_nll, hf_model
 

@@ -1,1 +1,1 @@
-"""Helpers shared by the test files: CLI runners, reference models, benchmark loaders."""
+"""Code shared by the test files: CLI runners, reference models, benchmark loaders."""

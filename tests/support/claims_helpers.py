@@ -1,4 +1,4 @@
-"""Helpers shared by the test_claims_* / test_policy_* files.
+"""Code shared by the test_claims_* / test_policy_* files.
 
 `xla_cache(dir)`: a persistent XLA compilation cache for the duration of a module fixture, so
 that runs compiling the same step (a run and its resume) compile it once. Compiles dominate

@@ -1,6 +1,6 @@
 """Run the CLIs in subprocesses with a clean XLA_FLAGS (each run decides its own device count).
 
-Every subprocess of one test session shares a persistent XLA compilation cache (a temporary dir,
+Every subprocess of one pytest run shares a persistent XLA compilation cache (a temporary dir,
 removed at exit): tests that run the same configuration several times (a reference run, an
 interrupted run and its resume) compile its step once. A cache hit is the very executable a
 fresh compile would produce (the key covers the HLO, the compile options and the backend), so

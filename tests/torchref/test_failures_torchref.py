@@ -1,4 +1,4 @@
-"""torchref's out dir (issue 13, case 11): a finished run or a foreign dir is refused, never
+"""torchref's out dir: a finished run or a foreign dir is refused, never
 overwritten; an unfinished run's leftovers may be run over. In-process, no training.
 Independent reference: the files on disk and hand-written messages."""
 
@@ -55,7 +55,7 @@ def test_a_run_over_an_unfinished_runs_leftovers_starts_clean(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "data", "init", "job.json"]
 
 
-# --- how a dead rank is reported (hT2): the zygote's exit status, its root cause, the launcher's line.
+# --- how a dead rank is reported: the zygote's exit status, its root cause, the launcher's line.
 # In-process: real child processes for the wait statuses, a stand-in zygote reply for the launcher.
 
 
@@ -133,7 +133,7 @@ def test_a_storage_failure_on_the_last_rank_is_reported_as_one(monkeypatch, tmp_
 def test_a_rank_killed_by_a_signal_is_a_death_and_the_others_are_stopped(monkeypatch, tmp_path):
     """torchref.zygote.serve with real forked ranks (stand-in bodies): rank 1 SIGKILLs itself (the
     OOM killer), rank 0 would finish 5 s later with exit 0 and a marker file. Reference: the signal
-    sent; rank 0 is stopped before it writes its marker. (hW2)"""
+    sent; rank 0 is stopped before it writes its marker."""
     import os
     import signal
     import sys

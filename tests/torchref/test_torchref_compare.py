@@ -77,7 +77,7 @@ def test_row_medians_leave_out_the_first_step_only():
 
 
 def test_peak_rss_column_is_the_largest_process_not_their_sum():
-    """'peak RSS/proc (MB)': the largest peak RSS of the run's processes, in MiB. (hW2)"""
+    """'peak RSS/proc (MB)': the largest peak RSS of the run's processes, in MiB."""
     from torchref.compare import row_of
 
     rows = [{"tokens_per_s": 1.0, "step_time_s": 1.0, "bytes_sent": 0, "bytes_received": 0, "loss": 1.0,

@@ -199,7 +199,7 @@ def test_horovod_fp16_compression_halves_bytes(runner):
         assert 2 * a["bytes_received"] == b["bytes_received"]
     assert loss_rel(half, single) <= LOSS_RTOL_FP16_WIRE
     assert grad_rel(half, single) > GRAD_TOL_FP32  # the wire really was fp16
-    # every row names the run's settings (what `compare` and a reader of metrics.jsonl go by; hY2)
+    # every row names the run's settings (what `compare` and a reader of metrics.jsonl go by)
     assert {(r["algorithm"], r["compression"], r["fusion_mb"]) for r in half.rows} == {("ring", "fp16", 0.25)}
     assert {(r["algorithm"], r["compression"], r["fusion_mb"]) for r in full.rows} == {("ring", "none", 0.25)}
 
@@ -217,12 +217,12 @@ def test_async_ps_runs_and_loss_decreases(runner):
     assert {r["worker"] for r in run.rows} == set(range(n))  # both workers' gradients were applied
     assert run.losses[-5:].mean() < run.losses[:5].mean() - 0.3
     assert all(r["server_bytes_sent"] == r["server_bytes_received"] == run.psi for r in run.rows)
-    # Update k (row k) runs the schedule's step k-1, as the synchronous strategies do (hY2).
+    # Update k (row k) runs the schedule's step k-1, as the synchronous strategies do.
     t = resolve_ref(list(BASE) + list(args))[0].train
     assert [r["lr"] for r in run.rows] == [float(lr_at(t, k)) for k in range(steps)]
     # Every gradient a worker pushed was applied (one per step), dropped as too stale, or arrived
     # after the last step: exactly one per other worker, each still computing on weights it pulled
-    # before the server reached train.steps; those late ones are not counted as dropped (hY2).
+    # before the server reached train.steps; those late ones are not counted as dropped.
     procs = run.summary["procs"]
     server = [p for p in procs if p["role"] == "server"]
     pushes = sum(p["pushes"] for p in procs if p["role"] == "worker")
@@ -253,7 +253,7 @@ def test_dying_worker_stops_the_others_quickly(runner, tmp_path):
 
 def test_single_ps_crash_rank_counts_workers_not_the_server(runner, tmp_path):
     """debug.crash_rank=w names worker w (process rank w + 1: rank 0 is the server), as the other
-    strategies' worker index does; it dies before its first gradient, so the run stops at once (hY2)."""
+    strategies' worker index does; it dies before its first gradient, so the run stops at once."""
     from torchref.config import WorkerDied, resolve_ref
     from torchref.launch import train
 
@@ -331,7 +331,7 @@ def test_ddp_bucket_mb_sets_the_buckets_and_keeps_the_gradient(runner):
     assert all(sum(r["ddp_bucket_bytes"]) == psi for r in small.rows)
     assert [r["ddp_bucket_bytes"] for r in small.rows[1:]] == [want] * (STEPS - 1)
     assert [r["ddp_bucket_bytes"] for r in default.rows] == [[psi]] * STEPS
-    assert [r["bucket_mb"] for r in small.rows + default.rows] == [0.25] * STEPS + [25.0] * STEPS  # hY2
+    assert [r["bucket_mb"] for r in small.rows + default.rows] == [0.25] * STEPS + [25.0] * STEPS
     assert all(r["bytes_sent"] == r["bytes_received"] == 2 * (2 - 1) * psi // 2 for r in small.rows)
     assert loss_rel(small, single) <= LOSS_RTOL_FP32
     assert grad_rel(small, single) <= GRAD_TOL_FP32

@@ -5,7 +5,7 @@ and the tests most likely to catch it (run first, so a caught mutant costs one s
 run). When the code moves on and a snippet no longer matches exactly once, the runner reports the
 mutant STALE instead of silently passing it: update the snippet, do not delete the mutant.
 
-The first six are the bugs issue 18 found the suite letting through.
+Grouped by the area of the code they break; within a group, in the order they were written.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ PARITY_MODEL = P + "test_model_parity.py"
 PARITY_TRAIN = P + "test_training_parity.py"
 EQUIV = T + "parallel/test_sharding_equivalence.py"
 TR_STRAT = T + "torchref/test_torchref_strategies.py"
-CLAIMS = T + "run/test_claims_run.py"  # dropout, SIGINT resume, val_loss, progress bar (h18a)
+CLAIMS = T + "run/test_claims_run.py"  # dropout, SIGINT resume, val_loss, progress bar
 RESUME = T + "run/test_train_cli.py::test_sigterm_then_resume_is_bit_identical"
 SIGKILL = T + "run/test_train_cli.py::test_sigkill_resumes_from_last_complete_checkpoint"
 TRAIN100 = T + "run/test_train_cli.py::test_loss_falls_30_percent_in_100_steps"
 SAMPLE = T + "run/test_train_cli.py::test_sample_is_deterministic"
-PROPS = T + "test_properties_data_config.py"  # hX2
+PROPS = T + "test_properties_data_config.py"
 PROPS_PLAN = T + "planner/test_properties_planner.py"
 
 MUTANTS: list[Mutant] = [
@@ -79,7 +79,7 @@ MUTANTS: list[Mutant] = [
            "            if True:",
            "a metrics line the disk refuses ends the run with a traceback",
            (T + "run/test_failures_disk.py" + "::test_a_metrics_line_that_cannot_be_written_is_one_error_line",)),
-    # ------------------------------------------------------------- issue 18's six
+    # ------------------------------------------------------------- the first six: bugs the suite let through
     Mutant("grad_accum_sums", "train", "jaxpar/train.py",
            "loss, grads = loss / accum, jax.tree.map(lambda g: g / accum, grads)",
            "loss, grads = loss / accum, grads",
@@ -592,7 +592,7 @@ MUTANTS: list[Mutant] = [
            'return _dot("btnh,bnts->bsnh", x, p, dtype)',
            "same math, but XLA:CPU turns it into a bf16 dot YNNPACK rejects: the bf16 step fails at run time",
            (T + "models/test_mixed_attention.py",)),
-    # hQ2: the bf16 policy's dots as fp32 dots of bf16 values on CPUs without native bf16
+    # the bf16 policy's dots as fp32 dots of bf16 values on CPUs without native bf16
     Mutant("bf16_dot_operand_not_rounded", "amp", "jaxpar/models/precision.py",
            "    return jax.lax.reduce_precision(x.astype(jnp.float32), exponent_bits=8, mantissa_bits=7)",
            "    return x.astype(jnp.float32)",
@@ -651,8 +651,8 @@ MUTANTS: list[Mutant] = [
            "XLA's threads keep their own malloc arenas, which serve a block over 64 MiB with a fresh mmap: "
            "every step page-faults its temporaries in again",
            (T + "run/test_host_memory.py",)),
-    # ------------------------------------------------------------- issue hT: the modules no mutant touched
-    # Against the suite before hT (ef1cb7a): 7 were caught by their likely catchers; 16 passed them:
+    # ------------------------------------------------------------- the modules no earlier mutant touched
+    # Against the suite before their tests were written: 7 were caught by their likely catchers; 16 passed them:
     # ckpt_opt_state_unchecked, resume_allows_*, nonfinite_* (count_reset: only the slow resume test),
     # eval_vocab_off_by_one, convert_overwrites_out, eval_nonfinite_accepted, hf_import_drops_eps, launch_*,
     # mpiexec_ranks_not_from_mpi4py, heartbeat_default_not_30, sample_rows_ignore_fsdp, plan_precision_unchecked,
@@ -787,7 +787,7 @@ MUTANTS: list[Mutant] = [
            "keys = None if key is None else jnp.tile(key, (groups, 1))",
            "every data group of the tied-wte loss draws the same dropout masks (rows b and b+B/G share masks)",
            (T + "parallel/test_tied.py",)),
-    # ------------------------------------------------------------- hY: last session's code, as an outside tester
+    # ------------------------------------------------------------- pipelines, layouts and run plumbing, as an outside tester
     Mutant("1f1b_pads_applied", "pipeline", "jaxpar/parallel/pipeline_1f1b.py",
            "masked = not layout.uniform",
            "masked = False",
@@ -1033,7 +1033,7 @@ MUTANTS: list[Mutant] = [
            "the replay behind torchref.fp16wire.loss's why rounds the normal elements under 'sub' and the "
            "subnormal ones under 'norm': the quoted attribution would be inverted",
            (T + "bench/test_bench_fp16_wire_rounding.py::test_each_mode_rounds_exactly_its_elements",)),
-    # ------------------------------------------------------------- hM2: a second blind hunt (20 new bugs)
+    # ------------------------------------------------------------- a blind hunt (20 bugs)
     Mutant("sigterm_inflight_step_unlogged", "signals", "jaxpar/run/loop.py",
            "                    log(read(*pending)[0])\n",
            "                    read(*pending)\n",
@@ -1148,7 +1148,7 @@ MUTANTS: list[Mutant] = [
            "a split of exactly seq_len+1 tokens (accepted by prepare and Dataset.open) draws from integers(0, 0): "
            "a ValueError traceback at the first step or eval (the bug this hunt found in the code itself)",
            (T + "run/test_data.py::test_a_split_of_exactly_seq_len_plus_one_tokens_gives_its_one_window",)),
-    # ------------------------------------------------------------- hO2: a second blind hunt (20 new bugs)
+    # ------------------------------------------------------------- a second blind hunt (20 bugs)
     Mutant("flax_rules_drop_own_names", "sharding", "jaxpar/parallel/sharding.py",
            "order = list(names) + [k for k in rules if k not in names]",
            "order = list(names)",
@@ -1243,7 +1243,7 @@ MUTANTS: list[Mutant] = [
            "timed = rows[1:] or rows", "timed = rows[:-1] or rows",
            "torchref compare's tokens/s and step time take the warm-up step and drop the last one",
            (T + "torchref/test_torchref_compare.py::test_row_medians_leave_out_the_first_step_only",)),
-    # ------------------------------------------------------------- an emulated AVX2-only host (hP2)
+    # ------------------------------------------------------------- an emulated AVX2-only host
     Mutant("cpu_flags_seam_ignored", "host-kind", "jaxpar/tolerances.py",
            "    if seam is not None:\n",
            "    if False:\n",
@@ -1273,7 +1273,7 @@ MUTANTS: list[Mutant] = [
            'os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")\n',
            "a user's own XLA_FLAGS (or the AVX2 emulation's) leaves example 07 one device: 'needs 8 devices but 1'",
            (T + "planner/test_example_07_plan.py",)),
-    # ------------------------------------------------------------- the planner's unrolled fp32 CPU step (hR2)
+    # ------------------------------------------------------------- the planner's unrolled fp32 CPU step
     Mutant("planner_unrolled_transposes_missing", "planner-cost", "jaxpar/planner/activations.py",
            "extra = u * (UNROLL_T_UNITS + 1 / t + UNROLL_MLP_UNITS / t)",
            "extra = u * UNROLL_MLP_UNITS / t",
@@ -1303,7 +1303,7 @@ MUTANTS: list[Mutant] = [
            '"shared_host", "causal_blocks", "unrolled_fp32")', '"shared_host", "unrolled_fp32")',
            "device.causal_blocks=false is refused as 'not a number'",
            (T + "planner/test_planner_unroll.py::test_where_the_unrolled_term_applies",)),
-    # ------------------------------------------------------------- hT2: a third blind hunt (torchref, parity, data, planner)
+    # ------------------------------------------------------------- a blind hunt in torchref, parity, data, planner
     Mutant("zygote_root_cause_reports_consequence", "torchref-launch", "torchref/zygote.py",
            "rank = min(dead, key=lambda r: (dead[r] == 1, r))", "rank = min(dead)",
            "when ranks die together the launcher names the lowest rank (a peer that exited 1 because its "
@@ -1391,7 +1391,7 @@ MUTANTS: list[Mutant] = [
            'cfg.precision, opts["attention"])', "cfg.precision)",
            "`jaxpar plan attention=flash` plans (and writes into plan.json) the naive T×T attention",
            (T + "planner/test_planner_cli.py",)),
-    # hT2: real bugs found on the way (fixed; each mutant puts one back)
+    # real bugs found on the way (fixed; each mutant puts one back)
     Mutant("memory_limit_takes_inf", "planner-cost", "jaxpar/planner/devices.py",
            "        if not math.isfinite(v):  # float() reads 'inf' and 'nan'", "        if False:  # float() reads 'inf' and 'nan'",
            "`jaxpar plan memory_limit=inf` ends in an OverflowError traceback, memory_limit=nan in 'no plan fits nan GiB'",
@@ -1422,7 +1422,7 @@ MUTANTS: list[Mutant] = [
            '        if not int(meta["vocab_size"]):  # "300" passed int()',
            'a meta.json with vocab_size "300" ends train/torchref in a TypeError traceback at the vocab check',
            (T + "run/test_data.py::test_a_meta_json_whose_vocab_size_is_not_an_integer_is_corrupt",)),
-    # ------------------------------------------------------------- hS2: a third blind hunt (jaxpar runtime)
+    # ------------------------------------------------------------- a blind hunt in the jaxpar runtime
     Mutant("config_flag_without_path_ignored", "cli", "jaxpar/config.py",
            "path = next(it, None)", 'path = next(it, "")',
            "`--config` with no path after it runs on the defaults instead of one error line (exit 2)",
@@ -1514,14 +1514,14 @@ MUTANTS: list[Mutant] = [
     Mutant("config_json_unknown_key_traceback", "config", "jaxpar/config.py",
            "if not isinstance(v, dict) or set(v) - set(types_):", "if not isinstance(v, dict):",
            "a run's config.json with a key this Config lacks (a hand edit, another version) ends resume=true / "
-           "eval / sample with a KeyError traceback (the bug hS2 found and fixed)",
+           "eval / sample with a KeyError traceback (a real bug, fixed)",
            (T + "run/test_failures_config.py::test_resume_with_a_missing_or_corrupt_config_json",)),
     Mutant("ckpt_partial_removed_once", "failures-disk", "jaxpar/run/checkpoint.py",
            "PARTIAL_SETTLE_S = 1.0  #", "PARTIAL_SETTLE_S = 0.0  #",
            "a failed checkpoint step's temporary dir is removed once: a tensorstore write still in flight "
-           "re-creates it on the full disk (the race hS2 found under load and fixed)",
+           "re-creates it on the full disk (a real race under load, fixed)",
            (T + "run/test_failures_disk.py::test_a_failed_steps_partial_dir_stays_removed_when_a_late_write_recreates_it",)),
-    # ------------------------------------------------------------- hU2: a fourth blind hunt (model math, numerics)
+    # ------------------------------------------------------------- a blind hunt in model math and numerics
     Mutant("gelu_bwd_no_cubic_factor", "model", "jaxpar/models/gelu.py",
            "(1.0 + 3.0 * _A * x32 * x32)", "(1.0 + _A * x32 * x32)",
            "gelu_new's derivative drops the 3 of d(x + a x^3)/dx: every MLP gradient is wrong, the forward is not",
@@ -1565,7 +1565,7 @@ MUTANTS: list[Mutant] = [
            "    if t.lr <= 0:", "    if t.lr < 0:",
            "train.lr=0 (a run that trains nothing) is accepted instead of one error line",
            (P + "test_key_policy.py::test_invalid_held_values_give_jaxpars_error", T + "test_config.py")),
-    # hU2, second batch: dropout, remat, chunked ops, the GPU attention choice
+    # model math, second batch: dropout, remat, chunked ops, the GPU attention choice
     Mutant("attn_probs_dropout_skipped_on_cpu", "model", "jaxpar/models/gpt2.py",
            "if pol.attention_core and (key is None or self.dropout == 0.0):", "if pol.attention_core:",
            "model.dropout > 0 on CPU runs the hand-written core, which has no dropout: attention probs never dropped",
@@ -1609,7 +1609,7 @@ MUTANTS: list[Mutant] = [
            "ds = p * (dp - jnp.sum(dp * p, axis=-1, keepdims=True))",
            "T >= 128 (causal query blocks): dQ and dK miss the 1/sqrt(Hd) of the scores",
            (T + "models/test_causal_blocks.py",)),
-    # hU2, third batch: the dtype policy and numerics
+    # model math, third batch: the dtype policy and numerics
     Mutant("linear_bias_added_in_bf16_on_cpu", "precision", "jaxpar/models/precision.py",
            "return (y if bias is None else y + bias).astype(self.compute_dtype)",
            "y = y.astype(self.compute_dtype)\n            return y if bias is None else y + bias.astype(y.dtype)",
@@ -1638,7 +1638,7 @@ MUTANTS: list[Mutant] = [
            'return {f.strip() for f in seam.split(",") if f.strip()}', "return set(seam.split())",
            "$JAXPAR_CPU_FLAGS=avx512_bf16,avx512f is read as one flag: the seam cannot emulate a native-bf16 host",
            (T + "test_tolerances.py", T + "bench/test_avx2_host.py")),
-    # ------------------------------------------------------------- hW2: a fifth blind hunt (parity machinery,
+    # ------------------------------------------------------------- a blind hunt in parity machinery,
     # torchref plumbing, examples, benchmark arithmetic)
     Mutant("property_nan_jaxpar_loss_passes", "parity", "parity_tests/property.py",
            'finite = all(math.isfinite(v) for v in jx["losses"] + tr["losses"] + jx["grad_norms"] + tr["grad_norms"])',
@@ -1648,12 +1648,12 @@ MUTANTS: list[Mutant] = [
     Mutant("property_nan_grad_norm_passes", "parity", "parity_tests/property.py",
            '+ tr["losses"] + jx["grad_norms"] + tr["grad_norms"])', '+ tr["losses"])',
            "a step whose grad norm is nan (its loss, taken before the update, finite) passes the property check: "
-           "the code's own bug until hW2",
+           "a real bug, fixed",
            (P + "test_parity_plumbing.py::test_property_compare_fails_a_run_that_turns_nan_after_its_first_step", P + "test_property_parity.py")),
     Mutant("example06_verdict_skips_nan", "examples", "parity_tests/common.py",
            "(float(v) for v in np.max(d, axis=0))", "(float(v) for v in np.nanmax(d, axis=0))",
            "examples/06_parity.py passes a run that turns nan after step 1 (PASS, exit 0): the example's own bug "
-           "until hW2 (Python's max() kept step 1's diff)",
+           "once, since fixed (Python's max() kept step 1's diff)",
            (P + "test_parity_plumbing.py::test_trajectory_diffs_of_example_06_fail_a_run_that_turns_nan", P + "test_example_06.py")),
     Mutant("property_short_jaxpar_run_passes", "parity", "parity_tests/property.py",
            'if len(jx["losses"]) != n:', 'if len(jx["losses"]) > n:',
@@ -1738,7 +1738,7 @@ MUTANTS: list[Mutant] = [
            'key=lambda r: -r["wire_bytes"] * r["times"]', 'key=lambda r: -r["wire_bytes"]',
            "comm_volume.py's largest ops ignore how often an op runs (a per-layer op in a loop ranks as one)",
            (T + "bench/test_bench_comm_volume.py", T + "parallel/test_comm_bytes.py")),
-    # ------------------------------------------------------------- hV2: a fifth blind hunt (parallel layouts, planner search)
+    # ------------------------------------------------------------- a blind hunt in parallel layouts and the planner's search
     Mutant("plan_accum_dropped_without_pipe", "planner", "jaxpar/planner/plan.py",
            'out.update({"train.grad_accum": s.microbatches, "pipeline.microbatches": 1,',
            'out.update({"train.grad_accum": 1, "pipeline.microbatches": 1,',
@@ -1852,7 +1852,7 @@ MUTANTS: list[Mutant] = [
            "print(w, file=sys.stderr)", "print(w)",
            "`jaxpar inspect` prints the layout's warnings on stdout, before the report and its JSON line",
            (T + "parallel/test_comm_bytes.py::test_inspect_prints_the_layouts_warnings_on_stderr",)),
-    # hV2, second batch: the tied groups, batch placement, activation rules, the GPipe table
+    # parallel layouts, second batch: the tied groups, batch placement, activation rules, the GPipe table
     Mutant("tied_grouped_loss_scores_inputs", "sharding", "jaxpar/parallel/tied.py",
            "xs, ys = inputs.reshape(groups, B // groups, T), targets.reshape(groups, B // groups, T)",
            "xs, ys = inputs.reshape(groups, B // groups, T), inputs.reshape(groups, B // groups, T)",
@@ -1873,7 +1873,7 @@ MUTANTS: list[Mutant] = [
            "the GPipe/circular schedule table marks stage-iterations of microbatch M (one past the last) busy",
            (T + "parallel/test_pipeline.py::test_schedule_counts_match_theory",
             T + "parallel/test_pipeline.py::test_circular_feedback_arrives_before_it_is_needed")),
-    # ------------------------------------------------------------- hX2: property-based tests over large input spaces
+    # ------------------------------------------------------------- property-based tests over large input spaces
     Mutant("val_batch_reads_train", "data", "gpt2common/data.py",
            "return get_batch(ds.val, batch_offsets(len(ds.val)", "return get_batch(ds.train, batch_offsets(len(ds.val)",
            "validation batches are cut from the training split (val loss measured on training data)",
@@ -1958,7 +1958,7 @@ MUTANTS: list[Mutant] = [
            "(str.isdigit takes it, int() does not), and one named in Arabic-Indic digits counts as a step "
            "(the bug test_properties_metrics found)",
            (T + "run/test_properties_metrics.py",)),
-    # ------------------------------------------------------------- hZ2: a sixth blind hunt (inspect, plan CLI,
+    # ------------------------------------------------------------- a blind hunt in inspect, the plan CLI,
     # sharding, tolerances, parity report, examples 02 and 08: what the user-facing reports print must be true)
     Mutant("inspect_ratio_inverted", "inspect", "jaxpar/run/inspection.py",
            '"ratio": coll["total_wire_bytes"] / th["total"] if th["total"] else None',
@@ -1986,7 +1986,7 @@ MUTANTS: list[Mutant] = [
     Mutant("inspect_unknown_loop_counted_per_callee", "inspect", "jaxpar/run/inspection.py",
            "unknown += any(n == -1 for _, n in callees)", "unknown += sum(n == -1 for _, n in callees)",
            "one while loop without a known trip count is noted as 2 loops (its body and its condition): the "
-           "code's own bug until hZ2",
+           "a real bug, fixed",
            (T + "parallel/test_comm_bytes.py::test_loop_bodies_count_their_trips_and_unknown_trips_are_reported",)),
     Mutant("inspect_theory_pipe_ends_ignore_grad_accum", "inspect", "jaxpar/run/inspection.py",
            "rows = tc.batch_size // (d * f * tc.grad_accum)", "rows = tc.batch_size // (d * f)",
@@ -2028,7 +2028,7 @@ MUTANTS: list[Mutant] = [
            "measured {coll['total_wire_bytes'] / 1024:.1f} KiB", "measured {coll['total_payload_bytes'] / 1024:.1f} KiB",
            "examples/02 prints the collectives' payload as the measured bytes it compares with the ring theory",
            (T + "parallel/test_mesh_examples.py::test_example_02_mesh_utilities",)),
-    # ------------------------------------------------------------- hY2: torchref strategies and run plumbing
+    # ------------------------------------------------------------- torchref strategies and run plumbing
     Mutant("async_staleness_strict", "torchref-single-ps", "torchref/strategies/single_ps.py",
            "version - computed_on <= max_staleness", "version - computed_on < max_staleness",
            "async PS drops a gradient exactly ps.max_staleness versions old (max_staleness=1 accepts only fresh ones)",
@@ -2092,7 +2092,7 @@ class Equivalent:
     why: str
 
 
-# Mutants written, found unable to change any observable result, and removed (issue 18: document them).
+# Mutants written, found unable to change any observable result, and removed (kept here so they are not written again).
 EQUIVALENT: list[Equivalent] = [
     Equivalent("jaxpar/train.py", "a.reshape(B // accum, accum, T).swapaxes(0, 1)", "a.reshape(accum, B // accum, T)",
                "grad accumulation averages over all micro-batches, so which rows form a micro-batch does not change "
@@ -2113,24 +2113,24 @@ EQUIVALENT: list[Equivalent] = [
     Equivalent("jaxpar/train.py", "jnp.where(count < warmup,", "jnp.where(count <= warmup,",
                "update W then takes the warmup's lr*(W+1)/(W+1) instead of the cosine's decay(0) = lr: the same value "
                "up to one fp32 rounding (1 ulp of lr for 1218 of 15992 (lr, W) pairs checked, lr in 1e-4..3e-2, "
-               "W < 2000; hU2)"),
+               "W < 2000)"),
     Equivalent("jaxpar/models/mixed_attention.py", "b = max(_BLOCK, -(-T // _MAX_BLOCKS))", "b = max(_BLOCK, T // _MAX_BLOCKS)",
                "floor(T/8) and ceil(T/8) rows give different block counts only where one of them divides T with "
-               "T >= 2b, which needs T = 8b, where they agree (checked T = 1..200000; hU2)"),
+               "T >= 2b, which needs T = 8b, where they agree (checked T = 1..200000)"),
     Equivalent("jaxpar/planner/plan.py", 'if s.repeats == 1 and d.get("layers_per_stage"):',
                'if False and d.get("layers_per_stage"):',
                "plan_to_overrides leaves pipeline.layers_per_stage out: jaxpar train then partitions the layers itself, "
                "and the planner's split (cost._pipeline_split) is that same uniform-cost partition_layers call (unit cost 1.0 "
                "vs layout.layer_cost, an integer-valued float: both prefix sums are exact multiples), so the stages are "
-               "the same; test_properties_planner's drawn plans pass with it (hX2)"),
+               "the same; test_properties_planner's drawn plans pass with it"),
     Equivalent("jaxpar/run/inspection.py", "{_mib(mem['outputs'])}, aliased {_mib(mem['aliased'])}",
                "{_mib(mem['aliased'])}, aliased {_mib(mem['outputs'])}",
                "the report prints MiB to 2 decimals, and a train step's outputs are its donated (aliased) state plus "
-               "a few scalars: both print the same figure (the JSON line keeps them apart; hZ2)"),
+               "a few scalars: both print the same figure (the JSON line keeps them apart)"),
     Equivalent("examples/08_shard_your_own_model.py", "for a, b in zip(losses, losses1))",
                "for a, b in zip(losses, losses))",
                "the example's printed loss diff, self-compared, prints 0.00e+00: so does the real one, the 3 "
                "sharded losses being bitwise equal to the one-device ones on the AMD Zen 4 host; "
                "test_example_08_prints_the_diffs_of_the_runs_it_saved compares the printed diff with the saved "
-               "runs', so a host where they differ catches it (hZ2)"),
+               "runs', so a host where they differ catches it"),
 ]

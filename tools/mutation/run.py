@@ -80,7 +80,7 @@ def pytest(root: Path, args: list[str], timeout: float) -> tuple[int | None, str
     env.pop("XLA_FLAGS", None)
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-rfE", *args]
     t0 = time.monotonic()
-    # Own session, so a timeout or Ctrl-C stops pytest *and* the training processes it started.
+    # Own process group (setsid), so a timeout or Ctrl-C stops pytest *and* the training processes it started.
     p = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
     try:

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# One lease of a GPU for issue 12 (items 4 and 6), as one command: the lease is 15 minutes of device
-# time in all, so every step has its own timeout and the most wanted figures come first.
-#   bash benchmarks/gpu_session.sh [profile|verify|triton]  (writes under $OUT, or /tmp/gpu_out)
+# The GPU benchmarks as one command for a GPU lent for a short time: every step has its own timeout
+# and the most wanted figures come first.
+#   bash benchmarks/gpu_suite.sh [profile|verify|triton]  (writes under $OUT, or /tmp/gpu_out)
 # Steps: environment; do this jaxlib's XLA accept jaxpar's GPU flags (an unknown flag aborts the
-# start-up); gpu_mfu.py at its defaults (the issue's target); gpu_check.py (cuDNN / XLA / einsum
+# start-up); gpu_mfu.py at its defaults (the MFU target); gpu_check.py (cuDNN / XLA / einsum
 # attention against each other); `jaxpar train` end to end; then 350M variants while time is left.
 set -u
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-LOG=$OUT/session.log
+LOG=$OUT/gpu_suite.log
 exec > >(tee -a "$LOG") 2>&1
 
 # run NAME TIMEOUT CMD...: one step, its rc and seconds
@@ -44,7 +44,7 @@ run env 30 bash -c 'nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,cloc
   python3 -c "import sys, jax, jaxlib, flax, optax, orbax.checkpoint, numpy; print(sys.version.split()[0], jax.__version__, jaxlib.__version__, flax.__version__, optax.__version__, numpy.__version__); print(jax.devices())"'
 
 probe() {
-  python3 -c 'from jaxpar import xla_flags as x
+  python3 -c 'import jaxpar.run.xla_flags as x
 import os, sys
 x.GPU_FLAGS = tuple(f for f in x.GPU_FLAGS if f.split("=")[0] not in set(filter(None, sys.argv[1].split(","))))
 x.apply_gpu_defaults(); print("XLA_FLAGS", os.environ["XLA_FLAGS"])
@@ -64,7 +64,7 @@ else
   cat "$OUT/probe.txt"
 fi
 
-if [ "${1:-}" = profile ]; then  # second lease: where the step's time goes, and two A/B variants
+if [ "${1:-}" = profile ]; then  # where the step's time goes, and two A/B variants
   run prof350 150 py benchmarks/gpu_profile.py --model gpt2-medium --batch 8 --out "$OUT/gpu_profile_350m.json"
   run prof124 150 py benchmarks/gpu_profile.py --model gpt2 --batch 16 --out "$OUT/gpu_profile_124m.json"
   BAD=$(python3 -c 'import jaxpar.run.xla_flags as x; print(",".join(f.split("=")[0] for f in x.GPU_FLAGS))') \
@@ -75,7 +75,7 @@ if [ "${1:-}" = profile ]; then  # second lease: where the step's time goes, and
   exit 0
 fi
 
-if [ "${1:-}" = triton ]; then  # fourth lease: XLA's Triton gemm fusions against cuBLAS alone
+if [ "${1:-}" = triton ]; then  # XLA's Triton gemm fusions against cuBLAS alone
   run mfu 120 py benchmarks/gpu_mfu.py --out "$OUT/gpu_mfu.json"
   XLA_FLAGS=--xla_gpu_enable_triton_gemm=false \
     run mfu_cublas 120 py benchmarks/gpu_mfu.py --out "$OUT/gpu_mfu_cublas.json"
@@ -83,7 +83,7 @@ if [ "${1:-}" = triton ]; then  # fourth lease: XLA's Triton gemm fusions agains
   exit 0
 fi
 
-if [ "${1:-}" = verify ]; then  # third lease: the head's bf16 backward and the unrolled scan, A/B
+if [ "${1:-}" = verify ]; then  # the head's bf16 backward and the unrolled scan, A/B
   run mfu 120 py benchmarks/gpu_mfu.py --out "$OUT/gpu_mfu.json"
   PATCH='import jaxpar.models.gpt2 as g; g.scan_unroll = lambda n, backend=None, remat="none": 1' \
     run mfu_rolled 120 py benchmarks/gpu_mfu.py --out "$OUT/gpu_mfu_rolled.json"
