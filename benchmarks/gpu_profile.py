@@ -26,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gpu_mfu, also under runpy (gpu_suite.sh)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gpu_mfu, also under runpy (gpu_session.sh)
 
 from gpu_mfu import preset_step, start_gpu, write_json  # noqa: E402
 

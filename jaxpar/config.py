@@ -66,6 +66,17 @@ class ShardingConfig:
 
 
 @dataclass(frozen=True)
+class TensorConfig:
+    """Megatron tensor parallelism over `mesh.tensor`."""
+
+    # Megatron sequence parallelism (Korthikanti et al. 2022): between the blocks' matmuls the
+    # residual stream (LayerNorm, dropout, residual adds) is split along T over `tensor`
+    # instead of repeated on every tensor peer; all-gather before the column-parallel matmuls,
+    # reduce-scatter after the row-parallel ones. Needs mesh.tensor > 1.
+    sequence_parallel: bool = False
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     windows: int = 0  # 0: every window that fits
 
@@ -78,6 +89,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    tensor: TensorConfig = field(default_factory=TensorConfig)
     model_name: str = "gpt2"  # preset the model section started from
     data: str = ""  # "" -> built-in corpus (tiny Shakespeare, shipped in the package)
     tokenizer: str = "byte"  # used when `data` is raw text: byte | bpe | <GPT-2 tokenizer dir>
@@ -112,7 +124,7 @@ PARAM_GROUPS = GROUP_NAMES  # OSDP groups, defined in jaxpar.parallel.groups
 
 
 SECTIONS = {"model": ModelConfig, "mesh": MeshConfig, "pipeline": PipelineConfig, "train": TrainConfig, "eval": EvalConfig,
-            "sharding": ShardingConfig}
+            "sharding": ShardingConfig, "tensor": TensorConfig}
 
 
 def apply_overrides(cfg: Config, items: dict[str, Any]) -> Config:

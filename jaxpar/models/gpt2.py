@@ -257,9 +257,11 @@ class Block(nnx.Module):
         k1 = k2 = None
         if key is not None:
             k1, k2 = jax.random.split(key)
-        x = x + self.attn(self.ln_1(x), k1)
+        # the residual stream is "resid_seq" (unsplit unless sequence parallelism maps it to
+        # `tensor`); q, k, v and the MLP hidden keep "seq", which no rule splits
+        x = constrain(x + self.attn(self.ln_1(x), k1), ("batch", "resid_seq", "embed"))
         x = x + self.mlp(self.ln_2(x), k2)
-        return constrain(x, ("batch", "seq", "embed"))
+        return constrain(x, ("batch", "resid_seq", "embed"))
 
 
 def scan_unroll(n_layer: int, backend: str | None = None, remat: Remat | str = Remat.NONE) -> int:
@@ -308,7 +310,7 @@ class GPT2(nnx.Module):
         T = tokens.shape[1]
         x = self.wte.weight[...][tokens] + self.wpe.weight[...][:T][None]
         x = _dropout(x, self.cfg.dropout, key)
-        return constrain(self.policy.cast(x), ("batch", "seq", "embed"))
+        return constrain(self.policy.cast(x), ("batch", "resid_seq", "embed"))
 
     def blocks(self, x, key=None):  # (B, T, D) -> (B, T, D) through the stack of L layers
         # One layer's structure (unstacked axes metadata); each scan step merges its slice of the stack.

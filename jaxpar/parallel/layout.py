@@ -46,6 +46,8 @@ PIPE_PARAM_RULES: Rules = {"layers": "pipe"}
 # ---- activation rules: batch over the data-parallel axes; inside a block heads / mlp / vocab
 # follow the parameters' tensor split; the residual stream (embed) stays whole.
 ACTIVATION_RULES: Rules = {"batch": BATCH_AXES, **TENSOR_RULES}
+# Megatron sequence parallelism (tensor.sequence_parallel): the residual stream's T over `tensor`.
+SEQUENCE_PARALLEL_RULES: Rules = {"resid_seq": "tensor"}
 # Inside the pipeline's shard_map data, fsdp and pipe are manual: tensor is the only auto axis.
 PIPELINE_MANUAL_AXES = ("data", "fsdp", "pipe")
 PIPELINE_INNER_RULES: Rules = TENSOR_RULES
@@ -101,6 +103,15 @@ def resolve_mesh_config(mc: MeshConfig, n_devices: int) -> MeshConfig:
         raise ConfigError(f"mesh {shown_sizes(sizes)} needs {fixed} devices but {n_devices} are available "
                           f"(the product of mesh sizes must equal the device count)")
     return MeshConfig(**sizes)
+
+
+def sequence_parallel_problem(mc: MeshConfig, seq_len: int) -> str | None:
+    """Why tensor.sequence_parallel=true cannot split this run's residual stream, or None."""
+    if mc.tensor == 1:
+        return "tensor.sequence_parallel=true needs mesh.tensor > 1 (it splits T over the tensor axis)"
+    if seq_len % mc.tensor:
+        return f"tensor.sequence_parallel=true needs train.seq_len={seq_len} divisible by mesh.tensor={mc.tensor}"
+    return None
 
 
 def stages_problem(S: int, L: int) -> str | None:
@@ -336,10 +347,15 @@ def build_layout(cfg: Config, n_devices: int) -> ParallelLayout:
     if why:
         raise ConfigError(why)
     groups = {g: param_rules(mc, g in cfg.sharding.replicate, m.n_layer) for g in GROUPS}
-    act = dict(ACTIVATION_RULES)
+    act, inner = dict(ACTIVATION_RULES), dict(PIPELINE_INNER_RULES)
+    if cfg.tensor.sequence_parallel:
+        if why := sequence_parallel_problem(mc, tc.seq_len):
+            raise ConfigError(why)
+        act.update(SEQUENCE_PARALLEL_RULES)
+        inner.update(SEQUENCE_PARALLEL_RULES)
     if mc.pipe > 1 and (tc.batch_size // tc.grad_accum) % (mc.data * mc.fsdp * mc.pipe) == 0:
         # outside the pipelined loop the batch is also split over pipe when it divides, so the
         # embedding and head are spread over the pipe ranks rather than repeated on each
         act["batch"] = (*BATCH_AXES, "pipe")
-    return ParallelLayout(cfg, mc, groups, act, dict(PIPELINE_INNER_RULES), BATCH_AXES, PIPELINE_MANUAL_AXES,
+    return ParallelLayout(cfg, mc, groups, act, inner, BATCH_AXES, PIPELINE_MANUAL_AXES,
                           stages, choose_loss_path(cfg, mc), warnings)

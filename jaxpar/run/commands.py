@@ -117,7 +117,9 @@ def _inference_base(checkpoint: str, hf_dir: str) -> tuple[C.Config, dict | None
 
         mc, params = hf.load_hf(hf_dir)
         return C.Config(model=mc, model_name=f"hf:{hf_dir}", precision="fp32"), params
-    return dataclasses.replace(run_config(checkpoint), mesh=C.MeshConfig(), precision="fp32"), None
+    # sequence parallelism is a training memory choice tied to the run's tensor degree: off by default
+    return dataclasses.replace(run_config(checkpoint), mesh=C.MeshConfig(), tensor=C.TensorConfig(),
+                               precision="fp32"), None
 
 
 def evaluate(argv: list[str]) -> int:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU benchmarks as one command for a GPU lent for a short time: every step has its own timeout
 # and the most wanted figures come first.
-#   bash benchmarks/gpu_suite.sh [profile|verify|triton]  (writes under $OUT, or /tmp/gpu_out)
+#   bash benchmarks/gpu_session.sh [profile|verify|triton]  (writes under $OUT, or /tmp/gpu_out)
 # Steps: environment; do this jaxlib's XLA accept jaxpar's GPU flags (an unknown flag aborts the
 # start-up); gpu_mfu.py at its defaults (the MFU target); gpu_check.py (cuDNN / XLA / einsum
 # attention against each other); `jaxpar train` end to end; then 350M variants while time is left.
@@ -9,7 +9,7 @@ set -u
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-LOG=$OUT/gpu_suite.log
+LOG=$OUT/gpu_session.log
 exec > >(tee -a "$LOG") 2>&1
 
 # run NAME TIMEOUT CMD...: one step, its rc and seconds
