@@ -32,6 +32,8 @@ def selects_gpu_lane(markexpr: str) -> bool:
 def pytest_configure(config):
     if not selects_gpu_lane(config.getoption("markexpr", "")):
         return
+    # pytest's workers and the lane's subprocesses share one GPU: no process takes 75% of it up front
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     if _USER_PLATFORMS is None:
         del os.environ["JAX_PLATFORMS"]
     else:

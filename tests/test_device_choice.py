@@ -161,3 +161,31 @@ def test_only_torchref_runtime_and_launch_ask_whether_cuda_exists():
     readers = sorted(str(p.relative_to(ROOT)) for d in ("torchref", "parity_tests") for p in (ROOT / d).rglob("*.py")
                      if "cuda.is_available" in p.read_text())
     assert readers == ["torchref/launch.py"]
+
+
+# ----------------------------------------------------------------------------- the GPU lane's plumbing
+
+def test_the_gpu_lane_is_out_of_the_default_run_and_every_file_skips_without_a_gpu():
+    import tomllib
+
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "-m 'not slow and not gpu'" in ini["addopts"] and "-rs" in ini["addopts"].split()
+    assert any(m.startswith("gpu:") for m in ini["markers"])
+    files = sorted((ROOT / "tests" / "gpu").glob("test_*.py"))
+    assert [f.name for f in files] == ["test_gpu_attention.py", "test_gpu_cli.py", "test_gpu_mfu.py",
+                                       "test_gpu_step.py", "test_gpu_torchref.py"]
+    for f in files:
+        text = f.read_text()
+        assert "pytestmark = pytest.mark.gpu\n" in text and "@pytest.fixture(autouse=True, scope=\"module\")\n" \
+            "def _gpu():\n    require_gpu()\n" in text, f.name
+
+
+def test_the_lane_names_why_it_cannot_run(monkeypatch):
+    from support import gpu
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert gpu.no_gpu_reason() == "JAX_PLATFORMS=cpu pins this run to the CPU (the GPU lane is `python -m pytest -m gpu`)"
+    monkeypatch.delenv("JAX_PLATFORMS")
+    assert gpu.no_gpu_reason() == "no GPU here: jax's default backend is cpu (cpu)"
+    assert "JAX_PLATFORMS" not in gpu.gpu_env() and gpu.gpu_env()["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert gpu.cpu_env()["JAX_PLATFORMS"] == "cpu"
