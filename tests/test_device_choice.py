@@ -172,8 +172,8 @@ def test_the_gpu_lane_is_out_of_the_default_run_and_every_file_skips_without_a_g
     assert "-m 'not slow and not gpu'" in ini["addopts"] and "-rs" in ini["addopts"].split()
     assert any(m.startswith("gpu:") for m in ini["markers"])
     files = sorted((ROOT / "tests" / "gpu").glob("test_*.py"))
-    assert [f.name for f in files] == ["test_gpu_attention.py", "test_gpu_cli.py", "test_gpu_mfu.py",
-                                       "test_gpu_step.py", "test_gpu_torchref.py"]
+    assert [f.name for f in files] == ["test_gpu_attention.py", "test_gpu_checkpoints.py", "test_gpu_cli.py",
+                                       "test_gpu_mfu.py", "test_gpu_step.py", "test_gpu_torchref.py"]
     for f in files:
         text = f.read_text()
         assert "pytestmark = pytest.mark.gpu\n" in text and "@pytest.fixture(autouse=True, scope=\"module\")\n" \

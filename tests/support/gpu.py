@@ -9,7 +9,10 @@ no memory preallocation: pytest's workers, the CLI runs and torch share one GPU)
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -55,3 +58,20 @@ def gpu_env(**extra) -> dict:
 
 def cpu_env(**extra) -> dict:
     return clean_env(**extra)
+
+
+# gpt2-tiny through the CLI, small enough for a few seconds a run
+TINY = ["model=gpt2-tiny", "train.batch_size=8", "train.seq_len=64", "train.eval_every=0", "progress=none",
+        "train.log_every=1"]
+
+
+def jaxpar(args: list[str], env: dict, timeout: float = 180) -> subprocess.CompletedProcess:
+    """`python -m jaxpar.cli ARGS` in `env`; asserts exit 0 (showing stderr's tail otherwise)."""
+    r = subprocess.run([sys.executable, "-m", "jaxpar.cli", *args], capture_output=True, text=True, env=env,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def losses(out) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
