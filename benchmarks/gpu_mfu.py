@@ -133,15 +133,18 @@ def torch_rows(pairs, args) -> list[dict]:
     import torch
     import torch_peer
 
+    if not torch.cuda.is_available():
+        print(f"error: gpu_mfu.py --torch {args.torch} needs torch with CUDA (torch {torch.__version__} has none "
+              "here); --torch off times jaxpar alone", file=sys.stderr)
+        raise SystemExit(2)
     rows = []
     for model, batch in pairs:
-        r = torch_peer.measure(model, batch, args.seq, args.steps, args.warmup, args.torch == "compile",
-                               "cuda" if torch.cuda.is_available() else "cpu", math.nan)
+        r = torch_peer.measure(model, batch, args.seq, args.steps, args.warmup, args.torch == "compile", "cuda",
+                               math.nan)
         rows.append(r)
         print(f"torch  {model:<12} B={batch:<3} T={args.seq}  {r['median_step_s'] * 1e3:8.1f} ms/step  "
               f"(compile={int(r['compile'])}, warm-up {r['warmup_s']:.0f} s)", flush=True)
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()
     return rows
 
 

@@ -148,13 +148,15 @@ def test_side_by_side_runs_the_peer_first_and_writes_the_speedup(monkeypatch, tm
                 "warmup_s": 1.0, "mfu": peak}  # nan: filled in at jaxpar's peak
 
     monkeypatch.setattr(torch_peer, "measure", torch_row)
+    monkeypatch.setattr(torch_peer.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch_peer.torch.cuda, "empty_cache", lambda: order.append("empty_cache"))
     monkeypatch.setattr(gpu_mfu, "measure", jax_row)
     monkeypatch.setattr(gpu_mfu.xla_flags, "has_nvidia_gpu", lambda *a: True)
     monkeypatch.setattr(gpu_mfu, "start_gpu", lambda *a: order.append("start jax") or True)
     out = tmp_path / "mfu.json"
     assert gpu_mfu.main(["--seq", "1024", "--out", str(out)]) == 0
-    assert order == [("torch", "gpt2", True), ("torch", "gpt2-medium", True), "start jax", ("jax", "gpt2"),
-                     ("jax", "gpt2-medium")]
+    assert order == [("torch", "gpt2", True), ("torch", "gpt2-medium", True), "empty_cache", "start jax",
+                     ("jax", "gpt2"), ("jax", "gpt2-medium")]
     rep = json.loads(out.read_text())
     assert [(r["model"], r["batch"]) for r in rep["rows"]] == [("gpt2", 16), ("gpt2-medium", 8)]
     s124, s350 = rep["side_by_side"]
@@ -173,3 +175,15 @@ def test_a_batch_per_model_or_one_error_line(capsys):
         gpu_mfu.shapes(gpu_mfu.parse_args(["--models", "gpt2,gpt2-medium", "--batch", "16"]))
     assert e.value.code == 2
     assert capsys.readouterr().err == "error: --batch 16 gives 1 batch sizes for 2 models\n"
+
+
+def test_the_peer_without_cuda_is_one_error_line(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(gpu_mfu.xla_flags, "has_nvidia_gpu", lambda *a: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        gpu_mfu.main(["--models", "gpt2", "--torch", "eager"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (f"error: gpu_mfu.py --torch eager needs torch with CUDA (torch {torch.__version__} "
+                                       "has none here); --torch off times jaxpar alone\n")
