@@ -1,4 +1,12 @@
-"""Hypothesis profiles for the whole suite (tests/ and parity_tests/).
+"""Suite-wide setup for tests/ and parity_tests/: the CPU pin and the hypothesis profiles.
+
+CPU pin: the default suite runs on the CPU backend wherever it runs, a GPU machine included.
+Its tests compare against CPU-derived numbers, read CPU HLO, and emulate CPU devices
+(`--xla_force_host_platform_device_count`, which GPU backends ignore), so `JAX_PLATFORMS=cpu` is
+set here, before any test module imports jax (jax reads it when it first loads), and every
+subprocess that inherits this environment is pinned too. The GPU lane (`python -m pytest -m gpu`,
+tests/gpu/) is the one run that leaves jax's own platform choice (the GPU where there is one):
+`pytest_configure` undoes the pin when the marker expression selects `gpu`.
 
 `ci` (default): every property test draws the same examples on every run (`derandomize`), so a
 landing is never decided by a lucky draw and a failure reproduces from the commit alone.
@@ -7,8 +15,33 @@ hypothesis' example database, to hunt for new counterexamples; pin what it finds
 """
 
 import os
+import re
 
 from hypothesis import settings
+
+_USER_PLATFORMS = os.environ.get("JAX_PLATFORMS")
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def selects_gpu_lane(markexpr: str) -> bool:
+    """Whether `-m markexpr` can select tests marked gpu: it names `gpu` other than as `not gpu`
+    ("gpu", "gpu and not slow": yes; the default "not slow and not gpu", "": no)."""
+    return re.search(r"(?<!not )\bgpu\b", markexpr or "") is not None
+
+
+def pytest_configure(config):
+    if not selects_gpu_lane(config.getoption("markexpr", "")):
+        return
+    # pytest's workers and the lane's subprocesses share one GPU: no process takes 75% of it up front
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if _USER_PLATFORMS is None:
+        del os.environ["JAX_PLATFORMS"]
+    else:
+        os.environ["JAX_PLATFORMS"] = _USER_PLATFORMS
+    import jax  # tests/conftest.py imported it under the pin; no backend has started yet
+
+    jax.config.update("jax_platforms", _USER_PLATFORMS)
+
 
 settings.register_profile("ci", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False)

@@ -24,6 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxpar import optim
 from jaxpar.config import Config, ConfigError, ModelConfig, TrainConfig
 from jaxpar.models import gpt2
+from jaxpar.models.attention_choice import Accelerator, cudnn_refusal, current_accelerator
 from jaxpar.models.precision import get_policy
 from jaxpar.parallel import sharding as shd
 from jaxpar.parallel import tied
@@ -277,11 +278,25 @@ def device_peak_flops(cfg: Config) -> float:
 def resolve_layout(cfg: Config, n_devices: int) -> ParallelLayout:
     """The run's ParallelLayout for `n_devices`, after the one check that needs the backend; every
     mesh, divisibility and pipeline rule is `jaxpar.parallel.layout.build_layout`'s."""
-    mc = cfg.model
-    if mc.attention == "cudnn" and jax.default_backend() != "gpu":
-        raise ConfigError(f"model.attention=cudnn needs a GPU (this backend: {jax.default_backend()}); "
-                          "use model.attention=auto or xla")
+    check_attention(cfg)
     return build_layout(cfg, n_devices)
+
+
+def check_attention(cfg: Config, accelerator: Accelerator | None = None) -> None:
+    """model.attention=cudnn on a model, precision or backend cuDNN flash attention refuses: one
+    ConfigError naming the keys, before anything is traced (jax would raise mid-trace).
+    `accelerator`: the default backend's facts unless given."""
+    mc = cfg.model
+    if mc.attention != "cudnn":
+        return
+    acc = current_accelerator() if accelerator is None else accelerator
+    dtype = jnp.dtype(get_policy(cfg.precision).compute_dtype).name
+    why = cudnn_refusal(acc, mc.head_dim, dtype, mc.dropout)
+    if why is None:
+        return
+    keys = {"head_dim": f" (model.n_embd={mc.n_embd} / model.n_head={mc.n_head})",
+            "dtype": f" (precision={cfg.precision})"}.get(why.what, "")
+    raise ConfigError(f"model.attention=cudnn {why.text}{keys}; use model.attention=auto or xla")
 
 
 def check_model_vs_mesh(mc: ModelConfig, cfg: Config) -> ParallelLayout:

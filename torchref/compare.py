@@ -154,9 +154,10 @@ def compare(args: list[str], config_file: str | None = None) -> dict:
     t, m = cfg0.train, cfg0.model
     import torch
 
+    wires = ", ".join(sorted({f"{ref.dist_backend}/{ref.device}" for _, _, ref in runs}))  # what the runs used
     title = (f"{cfg0.model_name} (L={m.n_layer}, D={m.n_embd}), batch {t.batch_size} x {t.seq_len} tokens, "
              f"{t.steps} steps; {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-             f"torch {torch.__version__}, {'NCCL/CUDA' if torch.cuda.is_available() else 'gloo/CPU'}")
+             f"torch {torch.__version__}, {wires}")
     md = markdown(rows, f"# torchref compare\n\n{title}\n\nParameters: {base['param_bytes'] // 4:,} "
                         f"(Psi = {base['param_bytes']:,} bytes fp32).")
     paths = {k: os.path.join(out, f"compare.{k}") for k in ("md", "json", "png")}

@@ -11,7 +11,9 @@ rejected with one line) plus the keys below, which only mean something to the Py
   horovod.algorithm=mpi|ring MPI_Allreduce, or the explicit ring in torchref.comm
   horovod.compression=none|fp16
   amp.dtype=bf16|fp16        autocast dtype of the -amp strategies (fp16 adds GradScaler)
-  backend=auto|gloo|nccl     torch.distributed backend (auto: nccl when CUDA exists)
+  device=cpu|cuda            where the model and batches live (cuda: one GPU per process); CPU
+                             unless asked, whether or not CUDA exists
+  backend=auto|gloo|nccl     torch.distributed backend (auto: nccl with device=cuda, gloo with cpu)
   timeout_s=120              collective timeout; a dead peer ends the run within this bound
   debug.grad_step=0          save the averaged gradient of this step (1-based) to grads_step<K>.safetensors
   debug.crash_rank=-1, debug.crash_step=0   fault injection: that worker exits at that step
@@ -69,6 +71,7 @@ class DebugConfig:
 class RefConfig:
     strategy: str = "single"
     workers: int = 1
+    device: str = "cpu"
     backend: str = "auto"
     timeout_s: float = 120.0
     ps: PSConfig = field(default_factory=PSConfig)
@@ -85,9 +88,16 @@ class RefConfig:
     def multi_worker(self) -> bool:
         return self.strategy != "single"
 
+    @property
+    def dist_backend(self) -> str:
+        """The torch.distributed backend: `backend`, or for auto the one `device` needs."""
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if self.device == "cuda" else "gloo"
+
 
 _SECTIONS = {"ps": PSConfig, "ddp": DDPConfig, "horovod": HorovodConfig, "amp": AMPConfig, "debug": DebugConfig}
-_TOP = ("strategy", "workers", "backend", "timeout_s")
+_TOP = ("strategy", "workers", "device", "backend", "timeout_s")
 
 
 def _fname(section: str, key: str) -> str:
@@ -144,8 +154,12 @@ def validate_ref(cfg: RunConfig, ref: RefConfig) -> None:
         raise ConfigError(f"horovod.compression={ref.horovod.compression!r} must be none or fp16")
     if ref.amp.dtype not in ("bf16", "fp16"):
         raise ConfigError(f"amp.dtype={ref.amp.dtype!r} must be bf16 or fp16")
+    if ref.device not in ("cpu", "cuda"):
+        raise ConfigError(f"device={ref.device!r} must be cpu or cuda")
     if ref.backend not in ("auto", "gloo", "nccl"):
         raise ConfigError(f"backend={ref.backend!r} must be auto, gloo or nccl")
+    if ref.backend == "nccl" and ref.device != "cuda":
+        raise ConfigError(f"backend=nccl needs device=cuda (NCCL moves GPU tensors; device={ref.device})")
     if ref.ps.async_ and ref.strategy != "single-ps":
         raise ConfigError(f"ps.async=true needs strategy=single-ps (got strategy={ref.strategy})")
     if ref.ps.max_staleness < 0:

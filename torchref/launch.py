@@ -219,8 +219,10 @@ def train(cfg: RunConfig, ref: RefConfig) -> dict:
     strategy = strategies.get(ref.strategy)
     if strategy.launcher == "mpi":
         check_mpi()
-    if ref.ps.async_ and (ref.backend == "nccl" or (ref.backend == "auto" and _cuda())):
+    if ref.ps.async_ and ref.dist_backend == "nccl":
         raise ConfigError("ps.async=true needs backend=gloo (NCCL cannot receive from any source)")
+    if ref.device == "cuda" and not _cuda():
+        raise ConfigError("device=cuda needs a CUDA GPU (torch.cuda.is_available() is False here)")
     job = prepare(cfg, ref)
     world = strategy.world_size(ref.workers)
     os.makedirs(os.path.join(job.out, "logs"), exist_ok=True)

@@ -53,10 +53,10 @@ class Context:
         self.ds = Dataset.open(job.data_dir, job.cfg.model.vocab_size, job.cfg.train.seq_len)
         torch.set_num_threads(int(os.environ.get("TORCHREF_THREADS", "1")))
         torch.manual_seed(job.cfg.seed)
-        # One GPU per process when CUDA is present (NCCL); the CPU otherwise (gloo).
-        self.backend = job.ref.backend if job.ref.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
-        on_gpu = torch.cuda.is_available() and (self.backend == "nccl" or job.ref.strategy.startswith("horovod"))
-        if on_gpu:
+        # The device the config names (CPU unless device=cuda: one GPU per process), never CUDA
+        # because it exists: a GPU machine runs the same CPU job as any other unless asked.
+        self.backend = job.ref.dist_backend
+        if job.ref.device == "cuda":
             self.device = torch.device("cuda", rank % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         else:

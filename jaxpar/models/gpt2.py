@@ -46,6 +46,7 @@ from flax import nnx
 from gpt2common.init import init_params, param_shapes  # noqa: F401  (numpy, shared with torchref)
 from jaxpar.config import ModelConfig, Remat
 from jaxpar.models import chunked
+from jaxpar.models.attention_choice import Accelerator, cudnn_accepts, current_accelerator
 from jaxpar.models.gelu import gelu_tanh
 from jaxpar.models.layernorm import layer_norm
 from jaxpar.models.mixed_attention import causal_attention, causal_attention_qkv
@@ -152,7 +153,7 @@ class Attention(nnx.Module):
         self.c_proj = Dense(_sub(params, "c_proj"), (N, Hd, D), ("heads", "head_dim", "embed"), (D,), ("embed",),
                             layers)
         self.policy, self.dropout = policy, cfg.dropout
-        self.impl = attention_impl(cfg.attention, policy, cfg.dropout)
+        self.impl = attention_impl(cfg.attention, policy, cfg.dropout, Hd)
         self.remat_core = Remat(remat) == Remat.SELECTIVE
 
     def __call__(self, x, key=None):  # x: (B, T, D) compute dtype
@@ -203,18 +204,22 @@ class Attention(nnx.Module):
         return jnp.einsum("bnts,bsnh->btnh", probs.astype(pol.compute_dtype), v)
 
 
-def attention_impl(choice: str, policy: Policy, dropout: float) -> str:
+def attention_impl(choice: str, policy: Policy, dropout: float, head_dim: int,
+                   accelerator: Accelerator | None = None) -> str:
     """model.attention -> "einsum" (jaxpar's core above) | "xla" | "cudnn" (jax.nn.dot_product_attention).
 
-    auto: cuDNN flash attention on GPU when it applies (bf16 operands; it has no attention
-    dropout), else the einsum core, whose matmuls follow the precision policy (fp32-output
-    bf16 dots on CPU, jaxpar.models.precision). xla / cudnn force that implementation of
-    jax.nn.dot_product_attention, which has no dropout (config.validate refuses them with
-    model.dropout > 0)."""
+    auto: cuDNN flash attention where cuDNN takes this head dim, compute dtype and dropout on this
+    accelerator (jaxpar.models.attention_choice: a GPU of compute capability 8.0+, bf16/fp16, no
+    attention dropout, head dim a multiple of 8 up to 256 on Hopper, 128 before), else the einsum
+    core, whose matmuls follow the precision policy (fp32-output bf16 dots on CPU,
+    jaxpar.models.precision). xla / cudnn force that implementation of jax.nn.dot_product_attention,
+    which has no dropout (config.validate refuses them with model.dropout > 0; train.resolve_layout
+    refuses cudnn where cuDNN would). `accelerator`: the default backend's facts unless given."""
     if choice != "auto":
         return choice
-    on_gpu = jax.default_backend() == "gpu"
-    return "cudnn" if on_gpu and dropout == 0 and policy.compute_dtype in (jnp.bfloat16, jnp.float16) else "einsum"
+    acc = current_accelerator() if accelerator is None else accelerator
+    dtype = jnp.dtype(policy.compute_dtype).name
+    return "cudnn" if cudnn_accepts(acc, head_dim, dtype, dropout) else "einsum"
 
 
 class MLP(nnx.Module):

@@ -93,3 +93,97 @@ def test_measure_times_steps_after_warmup_and_derives_mfu_from_the_median(monkey
     assert (r["median_step_s"], r["tokens_per_s"]) == (med, 32 / med)
     flops = PRESETS["gpt2-tiny"].flops_per_token(16) * 32 / med
     assert (r["tflops_per_s"], r["peak_tflops"], r["mfu"]) == (flops / 1e12, 1.0, flops / 1e12)
+
+
+# ----------------------------------------------------------------------------- the PyTorch peer, side by side
+
+def test_torch_peer_is_jaxpars_shape_and_times_like_gpu_mfu():
+    """benchmarks/torch_peer.py on CPU at gpt2-tiny B2 T16 (eager): exactly ModelConfig.num_params()
+    parameters (so jaxpar's FLOPs per token apply), --steps timed steps after --warmup, rates from the
+    median, and a first loss at ln(vocab) (GPT-2's init)."""
+    import math
+    import statistics
+
+    import torch
+    import torch_peer
+
+    from jaxpar.config import PRESETS
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the suite's workers share the cores
+    try:
+        r = torch_peer.measure("gpt2-tiny", 2, 16, steps=2, warmup=1, compile_=False, device="cpu", peak_flops=1e12)
+    finally:
+        torch.set_num_threads(threads)
+    mc = PRESETS["gpt2-tiny"]
+    assert r["params"] == mc.num_params() == 462_336
+    assert len(r["times_s"]) == 2 and len(r["losses"]) == 3
+    med = statistics.median(r["times_s"])
+    assert (r["median_step_s"], r["tokens_per_s"], r["mfu"]) == (med, 32 / med, mc.flops_per_token(16) * 32 / med / 1e12)
+    assert abs(r["losses"][0] - math.log(256)) < 0.1
+
+
+def test_side_by_side_runs_the_peer_first_and_writes_the_speedup(monkeypatch, tmp_path, capsys):
+    """gpu_mfu.main with the GPU checks and both steps stood in (their timing is the tests above):
+    the peer runs on every shape before JAX starts; the JSON holds both rows and one side_by_side
+    entry per shape, speedup = torch ms / jaxpar ms, the torch MFU recomputed at jaxpar's peak."""
+    import json
+
+    import torch_peer
+
+    from jaxpar.config import PRESETS
+
+    order = []
+    jax_ms, torch_ms = {"gpt2": 40.0, "gpt2-medium": 50.0}, {"gpt2": 38.0, "gpt2-medium": 60.0}
+
+    def jax_row(model, batch, args):
+        order.append(("jax", model))
+        med = jax_ms[model] / 1e3
+        return {"model": model, "batch": batch, "seq": args.seq, "median_step_s": med,
+                **torch_peer.rates(PRESETS[model], batch, args.seq, med, 989e12)}
+
+    def torch_row(model, batch, seq, steps, warmup, compile_, device, peak):
+        order.append(("torch", model, compile_))
+        return {"model": model, "batch": batch, "seq": seq, "compile": compile_, "median_step_s": torch_ms[model] / 1e3,
+                "warmup_s": 1.0, "mfu": peak}  # nan: filled in at jaxpar's peak
+
+    monkeypatch.setattr(torch_peer, "measure", torch_row)
+    monkeypatch.setattr(torch_peer.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch_peer.torch.cuda, "empty_cache", lambda: order.append("empty_cache"))
+    monkeypatch.setattr(gpu_mfu, "measure", jax_row)
+    monkeypatch.setattr(gpu_mfu.xla_flags, "has_nvidia_gpu", lambda *a: True)
+    monkeypatch.setattr(gpu_mfu, "start_gpu", lambda *a: order.append("start jax") or True)
+    out = tmp_path / "mfu.json"
+    assert gpu_mfu.main(["--seq", "1024", "--out", str(out)]) == 0
+    assert order == [("torch", "gpt2", True), ("torch", "gpt2-medium", True), "empty_cache", "start jax",
+                     ("jax", "gpt2"), ("jax", "gpt2-medium")]
+    rep = json.loads(out.read_text())
+    assert [(r["model"], r["batch"]) for r in rep["rows"]] == [("gpt2", 16), ("gpt2-medium", 8)]
+    s124, s350 = rep["side_by_side"]
+    assert (s124["speedup"], s350["speedup"]) == (0.038 / 0.040, 0.060 / 0.050)
+    assert (s350["jaxpar_ms"], s350["torch_ms"], s350["torch_compile"]) == (50.0, 60.0, True)
+    for s, t, j in zip(rep["side_by_side"], rep["torch_rows"], rep["rows"], strict=True):
+        assert t["peak_tflops"] == 989.0 and s["torch_mfu"] == t["mfu"]
+        assert j["mfu"] / t["mfu"] == pytest.approx(s["speedup"], rel=1e-12)  # same FLOPs and peak
+    assert "jaxpar / torch (compiled) gpt2-medium  B=8   T=1024  50.0 vs 60.0 ms/step  speedup 1.20x" in \
+        capsys.readouterr().out
+
+
+def test_a_batch_per_model_or_one_error_line(capsys):
+    assert gpu_mfu.shapes(gpu_mfu.parse_args(["--models", "gpt2,gpt2-medium"])) == [("gpt2", 16), ("gpt2-medium", 8)]
+    with pytest.raises(SystemExit) as e:
+        gpu_mfu.shapes(gpu_mfu.parse_args(["--models", "gpt2,gpt2-medium", "--batch", "16"]))
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "error: --batch 16 gives 1 batch sizes for 2 models\n"
+
+
+def test_the_peer_without_cuda_is_one_error_line(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(gpu_mfu.xla_flags, "has_nvidia_gpu", lambda *a: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        gpu_mfu.main(["--models", "gpt2", "--torch", "eager"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (f"error: gpu_mfu.py --torch eager needs torch with CUDA (torch {torch.__version__} "
+                                       "has none here); --torch off times jaxpar alone\n")

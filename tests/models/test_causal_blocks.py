@@ -19,10 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tests.test_mixed_attention import _dots
 
 import jaxpar.models.mixed_attention as ma
 from jaxpar.tolerances import CAUSAL_BLOCKS_VS_UNBLOCKED
+from tests.models.test_mixed_attention import _dots
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 B, T, N, HD = 2, 256, 2, 16

@@ -11,6 +11,7 @@ import pytest
 
 from jaxpar.config import PRESETS
 from jaxpar.models import gpt2
+from jaxpar.models.attention_choice import Accelerator
 from jaxpar.models.precision import get_policy
 
 RATE = 0.25
@@ -47,9 +48,9 @@ def test_chunked_mlp_drops_what_the_unchunked_mlp_drops():
     (0.1, "bf16", "einsum"),  # it has no attention dropout: jaxpar's core, which drops the probs
     (0.0, "fp32", "einsum"),
 ])
-def test_auto_attention_on_gpu_takes_cudnn_only_without_dropout(monkeypatch, dropout, precision, impl):
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert gpt2.attention_impl("auto", get_policy(precision), dropout) == impl
+def test_auto_attention_on_gpu_takes_cudnn_only_without_dropout(dropout, precision, impl):
+    h100 = Accelerator("gpu", True, (9, 0), 91000)
+    assert gpt2.attention_impl("auto", get_policy(precision), dropout, 64, h100) == impl
 
 
 def test_fsdp_with_dropout_keeps_the_auto_sharded_step():

@@ -18,14 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tests.test_mixed_attention import _dots
-from tests.test_weight_grad import _transposes
 
 import jaxpar.models.precision as precision
 from jaxpar.config import PRESETS
 from jaxpar.models import gpt2, mixed_attention
 from jaxpar.models.mixed_attention import causal_attention
 from jaxpar.tolerances import FP32_DOTS_VS_PLAIN as TOL
+from tests.models.test_mixed_attention import _dots
+from tests.models.test_weight_grad import _transposes
 
 F32 = jnp.float32
 MC = dataclasses.replace(PRESETS["gpt2-tiny"], n_layer=1)

@@ -22,12 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tests.test_mixed_attention import _dots
 
 from jaxpar.config import PRESETS
 from jaxpar.models import gpt2, precision
 from jaxpar.models.precision import mixed_einsum
 from jaxpar.tolerances import FP32_DOTS_VS_PLAIN as TOL
+from tests.models.test_mixed_attention import _dots
 
 B, T = 2, 96  # B*T = 192 contracted positions
 
