@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import types
 import typing
-from dataclasses import fields
+from dataclasses import MISSING, field, fields
 from typing import Any
 
 
@@ -64,6 +64,12 @@ def parse_value(tp: Any, raw: Any, key: str) -> Any:
             raise ConfigError(f"{key}={raw!r} is not a finite number")
         return v
     return str(raw)
+
+
+def setting(default: Any = MISSING, doc: str = "", *, factory: Any = MISSING) -> Any:
+    """A dataclass field with its one-line meaning: the CLIs' `--help` prints it beside the key's
+    type and default (`jaxpar.help`), so a key and its documentation are written in one place."""
+    return field(default=default, default_factory=factory, metadata={"doc": doc})
 
 
 def field_types(cls) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import sys
 from gpt2common.grammar import parse_kv
 from jaxpar import config as C
 from jaxpar.config import ConfigError
+from jaxpar.run import options as O
 
 
 def _parse(argv: list[str]) -> C.Config:
@@ -59,9 +60,9 @@ def prepare(argv: list[str]) -> int:
     from gpt2common import data
 
     kv = parse_kv(argv)
-    unknown = set(kv) - {"input", "out", "tokenizer"}
+    unknown = set(kv) - set(O.names(O.PrepareOptions))
     if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))} (valid: input, out, tokenizer)")
+        raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))} (valid: {', '.join(O.names(O.PrepareOptions))})")
     if "out" not in kv:
         raise ConfigError("prepare needs out=<dir>")
     held = [f for f in ("meta.json", "train.bin", "val.bin") if os.path.exists(os.path.join(kv["out"], f))]
@@ -72,7 +73,7 @@ def prepare(argv: list[str]) -> int:
     text = data.builtin_text() if not src else data.read_input(src)
     # each split must hold one window of the shortest sequence (seq_len 1: 2 tokens), or the
     # first run on it stops at an empty train.bin
-    meta = data.prepare(text, kv["out"], kv.get("tokenizer", "byte"), source=src or data.BUILTIN_CORPUS, min_tokens=2)
+    meta = data.prepare(text, kv["out"], kv.get("tokenizer", O.PrepareOptions.tokenizer), source=src or data.BUILTIN_CORPUS, min_tokens=2)
     print(json.dumps(meta))
     return 0
 
@@ -165,7 +166,7 @@ def evaluate(argv: list[str]) -> int:
     return 0
 
 
-SAMPLE_KEYS = ("checkpoint", "prompt", "max_new_tokens", "temperature", "top_k", "seed")
+SAMPLE_KEYS = O.names(O.SampleOptions)
 
 
 def sample(argv: list[str]) -> int:
@@ -225,7 +226,7 @@ def plot(argv: list[str]) -> int:
     from jaxpar.run.plot import plot_run
 
     kv = parse_kv(argv)
-    if set(kv) - {"run", "out"} or "run" not in kv:
+    if set(kv) - set(O.names(O.PlotOptions)) or "run" not in kv:
         raise ConfigError("plot takes run=<run dir> [out=<png>]")
     path = plot_run(kv["run"], kv.get("out"))
     print(path)

@@ -19,6 +19,7 @@ import numpy as np
 
 from gpt2common import data as data_lib
 from gpt2common.grammar import ConfigError, parse_value
+from jaxpar.run.options import SampleOptions
 
 
 def sample_token(logits, temperature: float, top_k: int, key):
@@ -82,13 +83,14 @@ def run_sample(kv: dict, cfg) -> int:
 
     run = kv["checkpoint"]
     tok = find_tokenizer(run, cfg)
-    n = parse_value(int, kv.get("max_new_tokens", "100"), "max_new_tokens")
-    temp = parse_value(float, kv.get("temperature", "0.8"), "temperature")
-    top_k = parse_value(int, kv.get("top_k", "40"), "top_k")
-    seed = parse_value(int, kv.get("seed", "0"), "seed")
+    d = SampleOptions()
+    n = parse_value(int, kv.get("max_new_tokens", d.max_new_tokens), "max_new_tokens")
+    temp = parse_value(float, kv.get("temperature", d.temperature), "temperature")
+    top_k = parse_value(int, kv.get("top_k", d.top_k), "top_k")
+    seed = parse_value(int, kv.get("seed", d.seed), "seed")
     if n <= 0:
         raise ConfigError(f"max_new_tokens={n} must be positive")
-    prompt = kv.get("prompt", "\n")
+    prompt = kv.get("prompt", d.prompt)
     ids = tok.encode(prompt)
     if len(ids) == 0:
         ids = tok.encode("\n")
