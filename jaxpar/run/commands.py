@@ -212,12 +212,12 @@ def convert(argv: list[str]) -> int:
         print(f"converted {kv['hf']} -> {kv['out']} ({mc.num_params():,} params)")
         return 0
     if set(kv) == {"checkpoint", "to_hf"}:
-        check_writable(kv["to_hf"], "to_hf")
-        if os.path.isdir(kv["to_hf"]) and os.listdir(kv["to_hf"]):
-            raise ConfigError(f"to_hf={kv['to_hf']!r} is not empty")
-        cfg, params = load_model(kv["checkpoint"])
-        hf.save_hf(kv["to_hf"], cfg.model, params)
-        print(f"exported {kv['checkpoint']} -> {kv['to_hf']} (transformers safetensors)")
+        from jaxpar.run.export import check_target, export_hf
+
+        check_target(kv["to_hf"])
+        ckpt = kv["checkpoint"]
+        names = export_hf(ckpt, kv["to_hf"], run_config(ckpt), lambda: load_model(ckpt)[1])
+        print(f"exported {kv['checkpoint']} -> {kv['to_hf']} ({', '.join(names)})")
         return 0
     raise ConfigError(f"convert takes hf=DIR out=DIR or checkpoint=DIR to_hf=DIR (got {', '.join(sorted(kv)) or 'nothing'})")
 

@@ -59,21 +59,30 @@ def generate(cfg, params, prompt_ids: np.ndarray, max_new_tokens: int, temperatu
     return np.asarray(ids, np.int32)
 
 
-def find_tokenizer(run: str, cfg):
-    """The tokenizer of a run: its prepared data (`<run>/data`, else `data=`), else, for a run made
-    by `jaxpar convert hf=DIR`, the GPT-2 tokenizer files (vocab.json + merges.txt) of that DIR."""
+def tokenizer_source(run: str, cfg) -> tuple[data_lib.Tokenizer | None, str]:
+    """(the tokenizer of a run, the GPT-2 tokenizer dir it was read from or ""): its prepared data
+    (`<run>/data`, else `data=`), else, for a run made by `jaxpar convert hf=DIR`, the GPT-2
+    tokenizer files (vocab.json + merges.txt) of that DIR. (None, "") when the run has neither."""
     for prepared in (os.path.join(run, "data"), cfg.data):
         if prepared and data_lib.is_prepared(prepared):
-            return data_lib.load_tokenizer(prepared)
+            return data_lib.load_tokenizer(prepared), ""
     init = cfg.init or ""
-    if all(os.path.isfile(os.path.join(init, f)) for f in ("vocab.json", "merges.txt")):
+    if init and all(os.path.isfile(os.path.join(init, f)) for f in ("vocab.json", "merges.txt")):
         tok = data_lib.load_gpt2_tokenizer_dir(init)
         if tok.vocab_size > cfg.model.vocab_size:
             raise ConfigError(f"checkpoint={run!r}: the tokenizer in {init} has {tok.vocab_size} tokens, more than "
                               f"model.vocab_size={cfg.model.vocab_size}")
-        return tok
-    raise ConfigError(f"checkpoint={run!r}: cannot find the tokenizer (no prepared data in {run}/data, "
-                      f"and init={init!r} holds no vocab.json + merges.txt)")
+        return tok, init
+    return None, ""
+
+
+def find_tokenizer(run: str, cfg):
+    """`tokenizer_source`'s tokenizer, or the one-line error saying where it was looked for."""
+    tok, _ = tokenizer_source(run, cfg)
+    if tok is None:
+        raise ConfigError(f"checkpoint={run!r}: cannot find the tokenizer (no prepared data in {run}/data, "
+                          f"and init={cfg.init or ''!r} holds no vocab.json + merges.txt)")
+    return tok
 
 
 def run_sample(kv: dict, cfg) -> int:
