@@ -119,6 +119,14 @@ def apply_overrides(cfg: Config, items: dict[str, Any]) -> Config:
     """Apply dotted `key: value` overrides; `model=<preset>` is applied first so that
     `model.*` keys refine the chosen preset."""
     items = dict(items)
+    # A run's config.json names its model `model_name` (beside every model.* key): a preset is
+    # applied as `model=` would be; another label (hf:<dir> of a converted run) is kept as is.
+    label = items.pop("model_name", None)
+    if label is not None and "model" not in items:
+        if str(label) in PRESETS:
+            items["model"] = label
+        else:
+            cfg = replace(cfg, model_name=str(label))
     if "model" in items:
         name = str(items.pop("model"))
         cfg = replace(cfg, model=preset(name), model_name=name)
@@ -135,7 +143,7 @@ def apply_overrides(cfg: Config, items: dict[str, Any]) -> Config:
                 raise ConfigError(f"unknown key {key!r} (valid: {valid})")
             sections.setdefault(head, {})[rest] = parse_value(types_[rest], raw, key)
         else:
-            if key not in top or key in SECTIONS or key == "model_name":
+            if key not in top or key in SECTIONS:
                 raise ConfigError(f"unknown key {key!r}")
             cfg = replace(cfg, **{key: parse_value(top[key], raw, key)})
     for head, kv in sections.items():
@@ -251,6 +259,17 @@ def from_dict(d: dict[str, Any]) -> Config:
 
 def dumps(cfg: Config) -> str:
     return json.dumps(to_dict(cfg), indent=2)
+
+
+# What a start did rather than what the run is: resume=true (config.json is the run's own,
+# continued), dry_run, and plan (its result is the mesh/pipeline/train keys, already in the config).
+RUN_STATE = {"resume": False, "dry_run": False, "plan": ""}
+
+
+def settings_of(cfg: Config) -> Config:
+    """The run's settings without RUN_STATE: what `<out>/config.json` holds and `jaxpar train`
+    prints, so that `--config <out>/config.json` starts the very same run again."""
+    return replace(cfg, **RUN_STATE)
 
 
 def split_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:

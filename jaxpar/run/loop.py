@@ -21,7 +21,7 @@ from gpt2common import data as data_lib
 from gpt2common import hf
 from gpt2common.outdir import make_out
 from gpt2common.writes import WriteFailed, write_atomic
-from jaxpar.config import Config, ConfigError, dumps, validate
+from jaxpar.config import Config, ConfigError, dumps, settings_of, validate
 from jaxpar.models import gpt2
 from jaxpar.parallel.layout import ParallelLayout
 from jaxpar.run import rundir
@@ -183,8 +183,9 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
     if is_main:
         print(f"jaxpar train: {cfg.model_name} ({cfg.model.num_params():,} params), mesh {dataclasses.asdict(cfg.mesh)}, "
               f"{jax.device_count()} devices / {jax.process_count()} processes, precision {cfg.precision}")
-        print("config: " + json.dumps(dataclasses.asdict(cfg), separators=(",", ":")))
-        write_atomic(os.path.join(cfg.out, "config.json"), dumps(cfg))  # a resume's old one survives a failure
+        settings = settings_of(cfg)  # no resume/plan/dry_run: config.json is a valid --config
+        print("config: " + json.dumps(dataclasses.asdict(settings), separators=(",", ":")))
+        write_atomic(os.path.join(cfg.out, "config.json"), dumps(settings))  # a resume's old one survives a failure
         truncate_after(os.path.join(cfg.out, METRICS_FILE), start)  # a resume rewrites what came after
 
     tokens_per_step = tc.batch_size * tc.seq_len
