@@ -73,7 +73,8 @@ def prepare(argv: list[str]) -> int:
     text = data.builtin_text() if not src else data.read_input(src)
     # each split must hold one window of the shortest sequence (seq_len 1: 2 tokens), or the
     # first run on it stops at an empty train.bin
-    meta = data.prepare(text, kv["out"], kv.get("tokenizer", O.PrepareOptions.tokenizer), source=src or data.BUILTIN_CORPUS, min_tokens=2)
+    meta = data.prepare(text, kv["out"], kv.get("tokenizer", O.PrepareOptions.tokenizer), source=src or data.BUILTIN_CORPUS,
+                        min_tokens=2, key="input")
     print(json.dumps(meta))
     return 0
 

@@ -6,9 +6,11 @@ input (run dir, model, mesh, data) happens before the first byte is written.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -130,7 +132,7 @@ def run_train(cfg: Config) -> int:
     is_main = jax.process_index() == 0
     # Signals from here on stop the run at a step boundary: one before the first step is
     # carried by step 1, so all processes agree and a checkpoint is written.
-    with _StopFlag() as stop:
+    with _StopFlag() as stop, _removed_if_no_step(cfg.out, is_main):
         if is_main:
             make_out(cfg.out)
         ds = _prepare_data(cfg, is_main)
@@ -145,6 +147,28 @@ def run_train(cfg: Config) -> int:
             _lost_peer(e)
         finally:
             ckpt.close()
+
+
+@contextlib.contextmanager
+def _removed_if_no_step(out: str, is_main: bool):
+    """A start that fails before its first step (data missing or too short, a vocab too small,
+    a compile that runs out of memory) leaves no directory behind that it created: nothing of the
+    run exists yet, and a leftover `out` would only be in the way. Directories that existed
+    before (a restartable run's leftovers, the parent of `out`) are kept."""
+    top = None
+    if is_main:
+        top = os.path.abspath(out)
+        while not os.path.exists(os.path.dirname(top)):  # makedirs creates the missing parents too
+            top = os.path.dirname(top)
+        top = None if os.path.exists(top) else top
+    try:
+        yield
+    except BaseException:
+        metrics = os.path.join(out, METRICS_FILE)
+        if top is not None and not rundir.checkpoint_steps(out) and not (
+                os.path.exists(metrics) and os.path.getsize(metrics)):
+            shutil.rmtree(top, ignore_errors=True)
+        raise
 
 
 def _lost_peer(e: Exception) -> None:
