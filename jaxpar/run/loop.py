@@ -214,7 +214,8 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
 
     tokens_per_step = tc.batch_size * tc.seq_len
     flops_tok = cfg.model.flops_per_token(tc.seq_len)
-    peak = device_peak_flops(cfg) * jax.device_count()
+    peak = device_peak_flops(cfg)  # None: no MFU (the metrics carry FLOP/s only)
+    peak = peak * jax.device_count() if peak else None
     logger = MetricsLogger(cfg.out, tc.steps, start, cfg.progress, enabled=is_main, print_every=tc.log_every)
     if resume_step is not None:
         logger.message(f"resumed from step {start} ({os.path.join(cfg.out, 'ckpt')})")
@@ -257,7 +258,9 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
         loss, gnorm = float(host["loss"]), float(host["grad_norm"])
         rec = {"step": n, "loss": loss, "grad_norm": gnorm, "lr": float(lrs[n - 1]),
                "tokens_per_s": tokens_per_step / dt, "step_time_s": dt,
-               "mfu": flops_tok * tokens_per_step / dt / peak}
+               "flops_per_s": flops_tok * tokens_per_step / dt}
+        if peak:
+            rec["mfu"] = rec["flops_per_s"] / peak
         if not bool(host["finite"]):
             rec.update(loss=loss if np.isfinite(loss) else None, grad_norm=gnorm if np.isfinite(gnorm) else None,
                        nonfinite=True)  # JSON has no NaN
