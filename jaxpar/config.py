@@ -46,7 +46,11 @@ class TrainConfig(OptimSettings):
 
     eval_every: int = setting(100, "validation loss every N steps; 0 disables")
     eval_batches: int = setting(8, "validation batches per evaluation")
-    ckpt_every: int = setting(0, "checkpoint every N steps; 0: only at the end (and on SIGTERM/SIGINT)")
+    ckpt_every: int = setting(0, "also checkpoint every N steps; 0: none by step count")
+    # jaxpar.run.ckpt_clock: the time becomes a step interval all processes share
+    ckpt_minutes: float = setting(10.0, "checkpoint about every N minutes of training, stretched so saving "
+                                        "takes under 2% of it; 0: off")
+    keep_checkpoints: int = setting(2, "newest checkpoints kept in out/ckpt (older ones are deleted)")
     log_every: int = setting(1, "console line every N steps (metrics.jsonl gets every step)")
     # A step whose loss or gradient norm is not finite is never applied either way.
     skip_nonfinite: bool = setting(False, "on a non-finite loss/gradient: false stops the run (exit 2), "
@@ -167,7 +171,7 @@ def validate(cfg: Config) -> Config:
     for name in ("steps", "batch_size", "seq_len", "grad_accum"):
         if getattr(t, name) <= 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be positive")
-    for name in ("eval_every", "ckpt_every", "warmup_steps", "eval_batches"):
+    for name in ("eval_every", "ckpt_every", "ckpt_minutes", "warmup_steps", "eval_batches"):
         if getattr(t, name) < 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")
     remat = REMAT_ALIASES.get(str(t.remat).lower(), str(t.remat).lower())
@@ -176,7 +180,7 @@ def validate(cfg: Config) -> Config:
     if remat != t.remat:
         t = replace(t, remat=remat)
         cfg = replace(cfg, train=t)
-    for name in ("vocab_chunks", "mlp_chunks"):
+    for name in ("vocab_chunks", "mlp_chunks", "keep_checkpoints"):
         if getattr(t, name) <= 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be positive")
     if t.seq_len % t.vocab_chunks:

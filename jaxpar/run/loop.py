@@ -28,6 +28,7 @@ from jaxpar.models import gpt2
 from jaxpar.parallel.layout import ParallelLayout
 from jaxpar.run import rundir
 from jaxpar.run.checkpoint import Checkpointer, restore
+from jaxpar.run.ckpt_clock import CheckpointClock
 from jaxpar.run.evaluation import mean_loss
 from jaxpar.run.launch import LOST_PEER_EXIT
 from jaxpar.run.metrics import METRICS_FILE, MetricsLogger, truncate_after
@@ -138,7 +139,7 @@ def run_train(cfg: Config) -> int:
         ds = _prepare_data(cfg, is_main)
         trainer = build_trainer(cfg, layout=layout)
         state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step)
-        ckpt = Checkpointer(cfg.out)  # after the restore, which may have moved damaged steps aside
+        ckpt = Checkpointer(cfg.out, max_to_keep=cfg.train.keep_checkpoints)  # after the restore, which may have moved damaged steps aside
         try:
             return _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, stop, is_main)
         except jax.errors.JaxRuntimeError as e:
@@ -169,6 +170,13 @@ def _removed_if_no_step(out: str, is_main: bool):
                 os.path.exists(metrics) and os.path.getsize(metrics)):
             shutil.rmtree(top, ignore_errors=True)
         raise
+
+
+def _agree(value: int) -> int:
+    """Process 0's `value` on every process (a checkpoint step all of them save at)."""
+    from jax.experimental import multihost_utils
+
+    return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
 
 
 def _lost_peer(e: Exception) -> None:
@@ -223,11 +231,15 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
         logger.message(f"out={cfg.out} held a run that failed before its first checkpoint; starting it over")
     fault = _fault_injection()
 
+    clock = CheckpointClock(tc.ckpt_minutes, start, _agree if jax.process_count() > 1 else lambda v: v)
+
     def save(step):
+        t0 = time.perf_counter()
         try:
             ckpt.save(step, state, {"step": step, "seed": cfg.seed, "nonfinite_skipped": skipped})
         except WriteFailed as e:
             raise WriteFailed(f"step {step}: {e}") from None
+        clock.saved(step, time.perf_counter() - t0)
 
     def put(step):  # host gather + transfer of step `step`'s batch
         x, y = data_lib.train_batch(ds, tc.seq_len, tc.batch_size, cfg.seed, step)
@@ -274,6 +286,7 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
 
     def log(rec):
         logger.log(rec)
+        clock.observe(rec["step_time_s"])
         if fault is not None and rec["step"] == fault[0]:
             os.kill(os.getpid(), fault[1])
 
@@ -301,15 +314,16 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
                 log(rec)
                 stop_seen |= flag
             pending, done = (n, m), n
-            ckpt_now = tc.ckpt_every and n % tc.ckpt_every == 0 and n < tc.steps
+            ckpt_now = ((tc.ckpt_every and n % tc.ckpt_every == 0) or clock.due(n)) and n < tc.steps
             eval_now = tc.eval_every and n % tc.eval_every == 0
-            if not (stop_seen or ckpt_now or eval_now or n == tc.steps):
+            if not (stop_seen or ckpt_now or eval_now or clock.boundary(n) or n == tc.steps):
                 continue
             rec, flag = read(*pending)  # a boundary: wait for step n
             pending, stop_seen = None, stop_seen or flag
             if eval_now:
                 rec["val_loss"] = evaluate(trainer, state["params"], ds, cfg)
             log(rec)
+            clock.at_boundary(n)
             if stop_seen:
                 stopped = signal.Signals(stop.signum).name if stop.signum else "a signal to another process"
                 break
