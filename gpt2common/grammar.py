@@ -28,6 +28,12 @@ def one_line(msg: str) -> str:
     return "".join(repr(c)[1:-1] if c in _LINE_BREAKS else c for c in msg)
 
 
+def naming_key(msg: str, key: str, value: str) -> str:
+    """`msg`, a message about the path `value`, naming the key the user gave it by: "'p' is not ..."
+    becomes "key='p' is not ...", any other message gets "key='p': " in front."""
+    return f"{key}={msg}" if msg.startswith(repr(value)) else f"{key}={value!r}: {msg}"
+
+
 def parse_value(tp: Any, raw: Any, key: str) -> Any:
     """Coerce `raw` (a CLI string or a YAML value) to the dataclass field type `tp`."""
     origin = typing.get_origin(tp)

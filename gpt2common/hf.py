@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from gpt2common.grammar import ConfigError
+from gpt2common.grammar import ConfigError, naming_key
 from gpt2common.model import ModelConfig
 
 Params = dict[str, Any]  # jaxpar's nested parameter dict (layout: jaxpar/models/gpt2.py's docstring)
@@ -152,8 +152,14 @@ def save_hf(path: str, cfg: ModelConfig, params: Params) -> None:
         json.dump(hf_config_dict(cfg), f, indent=2)
 
 
-def load_hf(path: str) -> tuple[ModelConfig, Params]:
-    """Read an HF save_pretrained dir (safetensors) into (ModelConfig, params)."""
+def load_hf(path: str, key: str = "") -> tuple[ModelConfig, Params]:
+    """Read an HF save_pretrained dir (safetensors) into (ModelConfig, params). With `key` (init,
+    hf: the key the user gave `path` by), errors name it."""
+    if key:
+        try:
+            return load_hf(path)
+        except ConfigError as e:
+            raise ConfigError(naming_key(str(e), key, path)) from None
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 

@@ -96,7 +96,7 @@ def load_model(checkpoint: str = "", hf_dir: str = ""):
     from gpt2common import hf
 
     if hf_dir:
-        mc, params = hf.load_hf(hf_dir)
+        mc, params = hf.load_hf(hf_dir, "hf")
         return C.Config(model=mc, model_name=f"hf:{hf_dir}"), params
     import jax
 
@@ -117,7 +117,7 @@ def _inference_base(checkpoint: str, hf_dir: str) -> tuple[C.Config, dict | None
     if hf_dir:
         from gpt2common import hf
 
-        mc, params = hf.load_hf(hf_dir)
+        mc, params = hf.load_hf(hf_dir, "hf")
         return C.Config(model=mc, model_name=f"hf:{hf_dir}", precision="fp32"), params
     return dataclasses.replace(run_config(checkpoint), mesh=C.MeshConfig(), precision="fp32"), None
 
@@ -200,7 +200,7 @@ def convert(argv: list[str]) -> int:
         check_writable(kv["out"], "out")
         if os.path.isdir(kv["out"]) and os.listdir(kv["out"]):
             raise ConfigError(f"out={kv['out']!r} is not empty")
-        mc, params = hf.load_hf(kv["hf"])
+        mc, params = hf.load_hf(kv["hf"], "hf")
         # a model with fewer positions than the default window gets a window it can run (sample, eval)
         train = C.TrainConfig(seq_len=min(C.TrainConfig.seq_len, mc.n_positions))
         cfg = C.Config(model=mc, model_name=f"hf:{kv['hf']}", init=kv["hf"], out=kv["out"], train=train)

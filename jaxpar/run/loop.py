@@ -59,7 +59,7 @@ def prepare_config(cfg: Config) -> tuple[Config, ParallelLayout, dict | None]:
     """Resolve what depends on the machine and inputs: HF init weights, the layout. No writes."""
     init_params = None
     if cfg.init:
-        model_cfg, init_params = hf.load_hf(cfg.init)
+        model_cfg, init_params = hf.load_hf(cfg.init, "init")
         # The shape comes from the weights; dropout is a training choice (nanoGPT's from_pretrained
         # override): model.dropout (default 0), never the HF config's resid_pdrop (0.1 in OpenAI's GPT-2).
         model_cfg = dataclasses.replace(model_cfg, dropout=cfg.model.dropout)

@@ -133,3 +133,22 @@ def test_prepare_refuses_a_prepared_dir(tmp_path):
     assert err(r) == (f"error: out={str(d)!r} already holds prepared data (meta.json, train.bin, val.bin); "
                       "choose a new out= or delete it first")
     assert {f.name: f.read_bytes() for f in d.iterdir()} == before
+
+
+def test_an_hf_dir_error_names_the_key_it_was_given_by(tmp_path, capsys):
+    """init= (train), hf= (eval, convert): the path is named with its key, as the user typed it."""
+    from jaxpar import cli
+
+    nope = str(tmp_path / "nope")
+    line = err(run(["train", "model=gpt2-tiny", f"init={nope}", f"out={tmp_path / 'o'}"]))
+    assert line == f"error: init={nope!r} is not an HF save_pretrained dir (no config.json)"
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text('{"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 2, '
+                                                  '"vocab_size": 16, "n_positions": 8}')
+    bad = str(tmp_path / "bad")
+    for argv, want in ((["convert", f"hf={nope}", f"out={tmp_path / 'r'}"],
+                        f"hf={nope!r} is not an HF save_pretrained dir (no config.json)"),
+                       (["eval", f"hf={bad}", f"data={tmp_path / 'x.bin'}"], f"hf={bad!r} has no model.safetensors")):
+        assert cli.main(argv) == 2
+        assert capsys.readouterr().err == f"error: {want}\n"
