@@ -23,7 +23,7 @@ from jaxpar.parallel.groups import GROUP_NAMES
 class MeshConfig:
     """Device mesh sizes in canonical axis order; one axis may be -1 (fill)."""
 
-    data: int = setting(1, "data-parallel replicas (each gets batch_size / data sequences); -1: the devices left")
+    data: int = setting(1, "data-parallel replicas (the batch is split over data x fsdp); -1: the devices left")
     fsdp: int = setting(1, "fully sharded data parallel: parameters and optimizer state sharded too; -1: fill")
     tensor: int = setting(1, "tensor (Megatron) parallel: heads and MLP columns split; -1: fill")
     pipe: int = setting(1, "pipeline stages, layers split between them; -1: fill")
@@ -83,7 +83,7 @@ class Config:
     sharding: ShardingConfig = setting(factory=ShardingConfig)
     # written as `model=<preset>` (apply_overrides); model.* keys then refine the preset
     model_name: str = setting("gpt2", "model preset: " + " | ".join(PRESETS))
-    data: str = setting("", "text file/folder, prepared dir or .bin; empty: built-in tiny Shakespeare")
+    data: str = setting("", "text file or folder (tokenized into out/data), or a prepared dir; empty: built-in tiny Shakespeare")
     tokenizer: str = setting("byte", "when data is raw text: byte | bpe | a GPT-2 tokenizer dir")
     precision: str = setting("bf16", "compute precision: bf16 (fp32 master weights) | fp32")
     seed: int = setting(0, "seed of the initial weights, data order and dropout")
