@@ -139,7 +139,8 @@ def run_train(cfg: Config) -> int:
         ds = _prepare_data(cfg, is_main)
         trainer = build_trainer(cfg, layout=layout)
         state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step)
-        ckpt = Checkpointer(cfg.out, max_to_keep=cfg.train.keep_checkpoints)  # after the restore, which may have moved damaged steps aside
+        # after the restore, which may have moved damaged steps aside
+        ckpt = Checkpointer(cfg.out, max_to_keep=cfg.train.keep_checkpoints)
         try:
             return _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, stop, is_main)
         except jax.errors.JaxRuntimeError as e:
