@@ -63,11 +63,16 @@ def tokenizer_source(run: str, cfg) -> tuple[data_lib.Tokenizer | None, str]:
     """(the tokenizer of a run, the GPT-2 tokenizer dir it was read from or ""): its prepared data
     (`<run>/data`, else `data=`), else, for a run made by `jaxpar convert hf=DIR`, the GPT-2
     tokenizer files (vocab.json + merges.txt) of that DIR. (None, "") when the run has neither."""
+    def gpt2_dir(path: str) -> bool:
+        return bool(path) and all(os.path.isfile(os.path.join(path, f)) for f in ("vocab.json", "merges.txt"))
+
     for prepared in (os.path.join(run, "data"), cfg.data):
         if prepared and data_lib.is_prepared(prepared):
-            return data_lib.load_tokenizer(prepared), ""
+            tok = data_lib.load_tokenizer(prepared)
+            # raw text the run tokenized itself with tokenizer=<GPT-2 dir>: that dir is the source
+            return tok, cfg.tokenizer if tok.kind == "gpt2-dir" and gpt2_dir(cfg.tokenizer) else ""
     init = cfg.init or ""
-    if init and all(os.path.isfile(os.path.join(init, f)) for f in ("vocab.json", "merges.txt")):
+    if gpt2_dir(init):
         tok = data_lib.load_gpt2_tokenizer_dir(init)
         if tok.vocab_size > cfg.model.vocab_size:
             raise ConfigError(f"checkpoint={run!r}: the tokenizer in {init} has {tok.vocab_size} tokens, more than "

@@ -132,3 +132,23 @@ def test_a_run_without_a_tokenizer_exports_the_model_and_says_so(tmp_path, capsy
                                        f"data, no vocab.json + merges.txt in init=): {tmp_path / 'hf'} holds the "
                                        "model only\n")
     assert sorted(os.listdir(tmp_path / "hf")) == ["config.json", "generation_config.json", "model.safetensors"]
+
+
+def test_text_tokenized_by_the_run_with_a_gpt2_dir_names_that_dir_as_the_source(tmp_path):
+    """train data=<text> tokenizer=<GPT-2 dir>: the run's prepared data holds tokenizer.json, and the
+    dir it came from is where vocab.json and merges.txt are copied from."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    from jaxpar import config as C
+    from jaxpar.run.sample import tokenizer_source
+
+    src = tmp_path / "tok"
+    src.mkdir()
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator([PANGRAM * 50], vocab_size=300, min_frequency=2, show_progress=False)
+    bpe.save_model(str(src))
+    data_lib.prepare(PANGRAM * 40, str(tmp_path / "run" / "data"), str(src))
+    tok, source = tokenizer_source(str(tmp_path / "run"), C.Config(tokenizer=str(src)))
+    assert (tok.kind, source) == ("gpt2-dir", str(src))
+    tok, source = tokenizer_source(str(tmp_path / "run"), C.Config())  # prepared elsewhere: tokenizer.json only
+    assert (tok.kind, source) == ("gpt2-dir", "")
