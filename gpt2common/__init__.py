@@ -10,6 +10,7 @@ processes start without jax and the reference stays independent of the code it c
   optim.py    the optimizer/schedule/batch settings both run with (`OptimSettings`)
   init.py     the numpy initialiser both frameworks start from (HF GPT-2's distribution)
   hf.py       the HF weight format: params <-> HF state-dict names/shapes, config.json
+  hf_tokenizer.py  a run's tokenizer as HF tokenizer files (AutoTokenizer)
   data.py     the data layout: tokenizers, uint16 token files, the (seed, step) batch order
   outdir.py   the two checks any run makes on `out=` before writing (writable, creatable)
 

@@ -31,24 +31,25 @@ def builtin_text() -> str:
     return gzip.decompress(data).decode("utf-8")
 
 
-def read_input(path: str) -> bytes:
+def read_input(path: str, key: str = "input") -> bytes:
     """The raw bytes of a file, or of every *.txt / *.md file under a folder (sorted, joined by
-    blank lines). Bytes, not text: the byte tokenizer takes any encoding (Latin-1, binary) as is."""
+    blank lines). Bytes, not text: the byte tokenizer takes any encoding (Latin-1, binary) as is.
+    Errors name `key`, the key the user gave the path with (prepare's input=, train's data=)."""
     p = Path(path)
     try:
         if p.is_dir():
             files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".txt", ".md"))
             if not files:
-                raise ConfigError(f"input={path!r} is a folder with no .txt or .md files")
+                raise ConfigError(f"{key}={path!r} is a folder with no .txt or .md files")
             raw = b"\n\n".join(f.read_bytes() for f in files)
         elif not p.is_file():
-            raise ConfigError(f"input={path!r} does not exist")
+            raise ConfigError(f"{key}={path!r} does not exist")
         else:
             raw = p.read_bytes()
     except OSError as e:
-        raise ConfigError(f"input={path!r} cannot be read ({e.strerror})") from None
+        raise ConfigError(f"{key}={path!r} cannot be read ({e.strerror})") from None
     if not raw:
-        raise ConfigError(f"input={path!r} is empty")
+        raise ConfigError(f"{key}={path!r} is empty")
     return raw
 
 
@@ -129,11 +130,12 @@ def load_tokenizer(prepared_dir: str) -> Tokenizer:
 
 
 def prepare(text: str | bytes, out_dir: str, tokenizer: str = "byte", source: str = "", min_tokens: int = 0,
-            model_vocab: int | None = None) -> dict:
+            model_vocab: int | None = None, key: str = "data") -> dict:
     """Tokenize `text`, split 90/10 into train.bin / val.bin, write meta.json. Returns meta.
 
     Checks come before the first write: each split must hold `min_tokens` tokens (one
-    training window, seq_len+1) and the tokenizer's vocab must fit `model_vocab`."""
+    training window, seq_len+1) and the tokenizer's vocab must fit `model_vocab`. Errors name
+    `key`, the key `source` was given by (train's data=, prepare's input=)."""
     tok = make_tokenizer(tokenizer, text.decode("utf-8", errors="replace") if isinstance(text, bytes)
                          and tokenizer == "bpe" else text)
     if tok.vocab_size > 65536:
@@ -143,8 +145,9 @@ def prepare(text: str | bytes, out_dir: str, tokenizer: str = "byte", source: st
     ids = tok.encode(text, source)
     n_val = max(int(len(ids) * VAL_FRACTION), 1)
     if min(len(ids) - n_val, n_val) < min_tokens:
-        raise ConfigError(f"data={source!r} gives {len(ids)} tokens ({len(ids) - n_val} train, {n_val} val); "
-                          f"each split needs at least train.seq_len+1={min_tokens}")
+        need = f"train.seq_len+1={min_tokens}" if key == "data" else f"{min_tokens} tokens"
+        raise ConfigError(f"{key}={source!r} gives {len(ids)} tokens ({len(ids) - n_val} train, {n_val} val); "
+                          f"each split needs at least {need}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # Write to temp names and rename, so a crash never leaves a half-written prepared dir.
@@ -191,7 +194,7 @@ def resolve_data(data: str, tokenizer: str, workdir: str, seq_len: int = 0, mode
         meta = read_meta(target)
         if meta.get("source") == source and meta.get("tokenizer") == _tokenizer_kind(tokenizer):
             return target
-    text = builtin_text() if not data else read_input(data)
+    text = builtin_text() if not data else read_input(data, "data")
     prepare(text, target, tokenizer, source=source, min_tokens=seq_len + 1 if seq_len else 0, model_vocab=model_vocab)
     return target
 

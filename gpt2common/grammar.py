@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import types
 import typing
-from dataclasses import fields
+from dataclasses import MISSING, field, fields
 from typing import Any
 
 
@@ -26,6 +26,12 @@ def one_line(msg: str) -> str:
     """`msg` with every line break escaped as Python writes it in a literal ('a\\nb'), so the
     CLIs' `error: <msg>` stays one line whatever value (a path, a group name) it quotes."""
     return "".join(repr(c)[1:-1] if c in _LINE_BREAKS else c for c in msg)
+
+
+def naming_key(msg: str, key: str, value: str) -> str:
+    """`msg`, a message about the path `value`, naming the key the user gave it by: "'p' is not ..."
+    becomes "key='p' is not ...", any other message gets "key='p': " in front."""
+    return f"{key}={msg}" if msg.startswith(repr(value)) else f"{key}={value!r}: {msg}"
 
 
 def parse_value(tp: Any, raw: Any, key: str) -> Any:
@@ -64,6 +70,12 @@ def parse_value(tp: Any, raw: Any, key: str) -> Any:
             raise ConfigError(f"{key}={raw!r} is not a finite number")
         return v
     return str(raw)
+
+
+def setting(default: Any = MISSING, doc: str = "", *, factory: Any = MISSING) -> Any:
+    """A dataclass field with its one-line meaning: the CLIs' `--help` prints it beside the key's
+    type and default (`jaxpar.run.help`), so a key and its documentation are written in one place."""
+    return field(default=default, default_factory=factory, metadata={"doc": doc})
 
 
 def field_types(cls) -> dict[str, Any]:

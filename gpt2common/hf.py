@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from gpt2common.grammar import ConfigError
+from gpt2common.grammar import ConfigError, naming_key
 from gpt2common.model import ModelConfig
 
 Params = dict[str, Any]  # jaxpar's nested parameter dict (layout: jaxpar/models/gpt2.py's docstring)
@@ -118,18 +118,48 @@ def from_hf_state_dict(cfg: ModelConfig, sd: dict[str, np.ndarray]) -> Params:
     }
 
 
+def generation_config_dict(cfg: ModelConfig, temperature: float, top_k: int, max_new_tokens: int) -> dict:
+    """generation_config.json: the special tokens of config.json and the caller's sampling defaults,
+    so `model.generate(ids)` samples as the trainer's own sampler does by default."""
+    c = hf_config_dict(cfg)
+    return {"bos_token_id": c["bos_token_id"], "eos_token_id": c["eos_token_id"], "do_sample": temperature > 0,
+            **({"temperature": temperature, "top_k": top_k} if temperature > 0 else {}),
+            "max_new_tokens": max_new_tokens}
+
+
+def file_mode() -> int:
+    """The mode a new file gets under this process's umask (0o644 under the usual 022): what
+    transformers' save_pretrained produces. safetensors' save_file creates 0o600 files whatever
+    the umask, unreadable by the group that shares an export."""
+    try:
+        with open("/proc/self/status") as f:
+            umask = next(int(ln.split()[1], 8) for ln in f if ln.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):  # not Linux: read it the portable way
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
 def save_hf(path: str, cfg: ModelConfig, params: Params) -> None:
     """Write config.json + model.safetensors loadable by GPT2LMHeadModel.from_pretrained."""
     from safetensors.numpy import save_file
 
     os.makedirs(path, exist_ok=True)
-    save_file(to_hf_state_dict(cfg, params), os.path.join(path, WEIGHTS), metadata={"format": "pt"})
+    weights = os.path.join(path, WEIGHTS)
+    save_file(to_hf_state_dict(cfg, params), weights, metadata={"format": "pt"})
+    os.chmod(weights, file_mode())
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(hf_config_dict(cfg), f, indent=2)
 
 
-def load_hf(path: str) -> tuple[ModelConfig, Params]:
-    """Read an HF save_pretrained dir (safetensors) into (ModelConfig, params)."""
+def load_hf(path: str, key: str = "") -> tuple[ModelConfig, Params]:
+    """Read an HF save_pretrained dir (safetensors) into (ModelConfig, params). With `key` (init,
+    hf: the key the user gave `path` by), errors name it."""
+    if key:
+        try:
+            return load_hf(path)
+        except ConfigError as e:
+            raise ConfigError(naming_key(str(e), key, path)) from None
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 

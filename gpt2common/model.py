@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpt2common.grammar import ConfigError
+from gpt2common.grammar import ConfigError, setting
 
 SHAPE_KEYS = ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions")
 MAX_VOCAB = 65536  # token files hold uint16 ids
@@ -16,16 +16,16 @@ MAX_VOCAB = 65536  # token files hold uint16 ids
 class ModelConfig:
     """GPT-2 shape. Field names follow HF GPT2Config."""
 
-    n_layer: int = 12
-    n_embd: int = 768
-    n_head: int = 12
-    vocab_size: int = 50257
-    n_positions: int = 1024
-    dropout: float = 0.0  # resid/embd/attn dropout; 0 by default so runs are deterministic
-    layer_norm_epsilon: float = 1e-5
-    # attention core (jaxpar only; torchref uses HF's): auto (cuDNN flash attention on GPU, jaxpar's
-    # einsum core elsewhere) | xla | cudnn (jax.nn.dot_product_attention with that implementation)
-    attention: str = "auto"
+    n_layer: int = setting(12, "transformer blocks")
+    n_embd: int = setting(768, "hidden width (residual stream)")
+    n_head: int = setting(12, "attention heads; n_embd must be divisible by it")
+    vocab_size: int = setting(50257, "token ids the embedding holds (at most 65536: uint16 token files)")
+    n_positions: int = setting(1024, "longest sequence (learned position table); train.seq_len <= it")
+    # 0 by default so runs are deterministic
+    dropout: float = setting(0.0, "resid/embd/attn dropout probability, in [0, 1)")
+    layer_norm_epsilon: float = setting(1e-5, "epsilon added to the variance in every LayerNorm")
+    # torchref uses HF's attention and ignores this key
+    attention: str = setting("auto", "attention core: auto (cuDNN flash on GPU, einsum elsewhere) | xla | cudnn")
 
     @property
     def head_dim(self) -> int:

@@ -7,21 +7,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpt2common.grammar import setting
+
 
 @dataclass(frozen=True)
 class OptimSettings:
-    steps: int = 1000
-    batch_size: int = 8  # global sequences per optimizer step
-    seq_len: int = 256
-    lr: float = 6e-4
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = 100  # update k < W = min(warmup_steps, steps) runs at lr*(k+1)/(W+1)
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # global-norm clip; 0 disables
-    grad_accum: int = 1
+    steps: int = setting(1000, "optimizer steps of the run")
+    batch_size: int = setting(8, "global sequences per optimizer step (all devices, all accumulation steps)")
+    seq_len: int = setting(256, "tokens per sequence (context window trained on)")
+    lr: float = setting(6e-4, "peak learning rate (AdamW), reached after warmup")
+    min_lr_ratio: float = setting(0.1, "the cosine schedule decays to lr * min_lr_ratio, in [0, 1]")
+    # update k < W = min(warmup_steps, steps) runs at lr*(k+1)/(W+1)
+    warmup_steps: int = setting(100, "linear warmup steps before the cosine decay")
+    weight_decay: float = setting(0.1, "AdamW decoupled weight decay of the matmul weights (not biases, LayerNorm, embeddings)")
+    beta1: float = setting(0.9, "AdamW first-moment decay, in [0, 1)")
+    beta2: float = setting(0.95, "AdamW second-moment decay, in [0, 1)")
+    eps: float = setting(1e-8, "AdamW epsilon")
+    grad_clip: float = setting(1.0, "global gradient-norm clip; 0 disables")
+    grad_accum: int = setting(1, "micro-steps per optimizer step; batch_size must be divisible by it")
 
 
 def check_optim(t: OptimSettings) -> None:

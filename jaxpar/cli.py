@@ -17,22 +17,10 @@ from gpt2common import writes
 from gpt2common.grammar import one_line
 from gpt2common.writes import WriteFailed
 from jaxpar.config import ConfigError
+from jaxpar.run import help as help_text
 from jaxpar.run import host_memory, xla_flags
 
-USAGE = """usage: jaxpar <command> [--config FILE.yaml] [key=value ...]
-
-commands:
-  train     train GPT-2 (model=, data=, mesh.*=, pipeline.*=, train.*=, precision=, out=, resume=, init=, plan=)
-  prepare   tokenize text: input=<file|folder> out=<dir> tokenizer=<byte|bpe|GPT-2 tokenizer dir>
-  eval      loss/perplexity: (checkpoint=<run dir> | hf=<dir>) data=<prepared dir | .bin> [mesh.*= pipeline.*=]
-  sample    generate: checkpoint=<run dir> prompt="..." max_new_tokens= temperature= top_k= seed= [mesh.*= pipeline.*=]
-  convert   hf=<dir> out=<run dir>  |  checkpoint=<run dir> to_hf=<dir>
-  plot      run=<run dir>: PNG of loss and tokens/s
-  mesh      print devices, processes and the resolved mesh (mesh.*=)
-  launch    nprocs=N -- <command ...>: spawn N local processes (CPU collectives)
-  inspect   compile the train step only; print memory and collective bytes (= train dry_run=true)
-  plan      choose mesh, stages, microbatches and remat from the cost model
-"""
+USAGE = help_text.usage()
 
 # command -> "module:function"; each function takes argv (after the command) and returns an exit code.
 COMMANDS = {
@@ -58,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in COMMANDS:
         _error_line(f"unknown command {cmd!r} (choose from {', '.join(COMMANDS)})")
         return 2
+    own = rest[:rest.index("--")] if "--" in rest else rest  # launch: what follows `--` is the child's
+    if any(a in ("-h", "--help") for a in own):
+        print(help_text.command_help(cmd))
+        return 0
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     xla_flags.apply_gpu_defaults()  # collective-overlap flags on GPU, before JAX starts
     host_memory.keep_freed_memory()  # no per-step page faults on XLA:CPU's buffers, before JAX starts

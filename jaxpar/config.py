@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from gpt2common.grammar import ConfigError, field_types, load_yaml, parse_kv, parse_value
+from gpt2common.grammar import ConfigError, field_types, load_yaml, parse_kv, parse_value, setting
 from gpt2common.model import PRESETS, ModelConfig, check_shape, preset
 from gpt2common.optim import OptimSettings, check_optim
 from jaxpar.parallel.groups import GROUP_NAMES
@@ -23,46 +23,49 @@ from jaxpar.parallel.groups import GROUP_NAMES
 class MeshConfig:
     """Device mesh sizes in canonical axis order; one axis may be -1 (fill)."""
 
-    data: int = 1
-    fsdp: int = 1
-    tensor: int = 1
-    pipe: int = 1
+    data: int = setting(1, "data-parallel replicas (the batch is split over data x fsdp); -1: the devices left")
+    fsdp: int = setting(1, "fully sharded data parallel: parameters and optimizer state sharded too; -1: fill")
+    tensor: int = setting(1, "tensor (Megatron) parallel: heads and MLP columns split; -1: fill")
+    pipe: int = setting(1, "pipeline stages, layers split between them; -1: fill")
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    microbatches: int = 1
-    schedule: str = "gpipe"  # gpipe | circular | 1f1b (jaxpar.parallel.pipeline_1f1b)
-    repeats: int = 1  # chunks per device for the circular schedule
-    layers_per_stage: tuple[int, ...] | None = None  # manual stage partition
-    # when fsdp-sharded block weights are all-gathered: step (the whole stage once per step,
-    # kept for the loop) | layer (each layer every iteration: less memory, more fsdp traffic)
-    gather: str = "step"
+    microbatches: int = setting(1, "microbatches per step through the pipeline (mesh.pipe > 1)")
+    schedule: str = setting("gpipe", "pipeline schedule: gpipe | circular | 1f1b")
+    repeats: int = setting(1, "layer chunks per device for the circular schedule")
+    layers_per_stage: tuple[int, ...] | None = setting(None, "manual stage partition, e.g. 5,7 (none: even split)")
+    # step keeps the gathered stage for the loop; layer gathers each layer every iteration
+    gather: str = setting("step", "when fsdp-sharded block weights are gathered: step (less traffic) | layer "
+                                  "(less memory)")
 
 
 @dataclass(frozen=True)
 class TrainConfig(OptimSettings):
     """OptimSettings (steps ... grad_accum, shared with torchref) + jaxpar's own train keys."""
 
-    eval_every: int = 100  # 0 disables
-    eval_batches: int = 8
-    ckpt_every: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
-    log_every: int = 1  # console lines every N steps (metrics.jsonl gets every step)
-    # A step whose loss or gradient norm is not finite is never applied; by default the run then
-    # stops (exit 2). true: skip that batch and go on (counted as `nonfinite_skipped` in metrics).
-    skip_nonfinite: bool = False
-    # none | selective (recompute the attention core: scores, softmax, probs·V) | full (recompute
-    # each block); true/false are accepted as full/none
-    remat: str = "none"
-    vocab_chunks: int = 1  # >1: logits + cross-entropy in this many token chunks (jaxpar.models.chunked)
-    mlp_chunks: int = 1  # >1: MLP hidden dim in this many chunks, each recomputed in backward
+    eval_every: int = setting(100, "validation loss every N steps; 0 disables")
+    eval_batches: int = setting(8, "validation batches per evaluation")
+    ckpt_every: int = setting(0, "also checkpoint every N steps; 0: none by step count")
+    # jaxpar.run.ckpt_clock: the time becomes a step interval all processes share
+    ckpt_minutes: float = setting(10.0, "checkpoint about every N minutes of training, stretched so saving "
+                                        "takes under 2% of it; 0: off")
+    keep_checkpoints: int = setting(2, "newest checkpoints kept in out/ckpt (older ones are deleted)")
+    log_every: int = setting(1, "console line every N steps (metrics.jsonl gets every step)")
+    # A step whose loss or gradient norm is not finite is never applied either way.
+    skip_nonfinite: bool = setting(False, "on a non-finite loss/gradient: false stops the run (exit 2), "
+                                          "true skips that batch")
+    # selective recomputes scores, softmax, probs·V; full recomputes each block. true/false = full/none.
+    remat: str = setting("none", "recompute in backward instead of saving: none | selective | full")
+    vocab_chunks: int = setting(1, ">1: logits + cross-entropy in this many token chunks (less memory)")
+    mlp_chunks: int = setting(1, ">1: MLP hidden dim in this many chunks, each recomputed in backward")
 
 
 @dataclass(frozen=True)
 class ShardingConfig:
     """Per-group OSDP: parameter groups (embed, attn, mlp) kept replicated over `fsdp`."""
 
-    replicate: tuple[str, ...] = ()
+    replicate: tuple[str, ...] = setting((), "parameter groups kept replicated over mesh.fsdp: embed, attn, mlp")
 
 
 @dataclass(frozen=True)
@@ -72,36 +75,38 @@ class TensorConfig:
     # Megatron sequence parallelism (Korthikanti et al. 2022): between the blocks' matmuls the
     # residual stream (LayerNorm, dropout, residual adds) is split along T over `tensor`
     # instead of repeated on every tensor peer; all-gather before the column-parallel matmuls,
-    # reduce-scatter after the row-parallel ones. Needs mesh.tensor > 1.
-    sequence_parallel: bool = False
+    # reduce-scatter after the row-parallel ones.
+    sequence_parallel: bool = setting(False, "Megatron sequence parallelism: split the residual stream's T over "
+                                             "mesh.tensor (needs mesh.tensor > 1 dividing train.seq_len)")
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    windows: int = 0  # 0: every window that fits
+    windows: int = setting(0, "eval: how many seq_len windows of the data to score; 0: every window that fits")
 
 
 @dataclass(frozen=True)
 class Config:
-    model: ModelConfig = field(default_factory=lambda: PRESETS["gpt2"])
-    mesh: MeshConfig = field(default_factory=MeshConfig)
-    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    sharding: ShardingConfig = field(default_factory=ShardingConfig)
-    tensor: TensorConfig = field(default_factory=TensorConfig)
-    model_name: str = "gpt2"  # preset the model section started from
-    data: str = ""  # "" -> built-in corpus (tiny Shakespeare, shipped in the package)
-    tokenizer: str = "byte"  # used when `data` is raw text: byte | bpe | <GPT-2 tokenizer dir>
-    precision: str = "bf16"  # bf16 | fp32
-    seed: int = 0
-    out: str = "runs/latest"
-    resume: bool = False
-    init: str = ""  # HF save_pretrained dir to start from
-    plan: str = ""  # auto | <plan.json>
-    dry_run: bool = False
-    device_peak_flops: float = 0.0  # 0: look up / measure
-    progress: str = "auto"  # auto | bar | plain | none
+    model: ModelConfig = setting(factory=lambda: PRESETS["gpt2"])
+    mesh: MeshConfig = setting(factory=MeshConfig)
+    pipeline: PipelineConfig = setting(factory=PipelineConfig)
+    train: TrainConfig = setting(factory=TrainConfig)
+    eval: EvalConfig = setting(factory=EvalConfig)
+    sharding: ShardingConfig = setting(factory=ShardingConfig)
+    tensor: TensorConfig = setting(factory=TensorConfig)
+    # written as `model=<preset>` (apply_overrides); model.* keys then refine the preset
+    model_name: str = setting("gpt2", "model preset: " + " | ".join(PRESETS))
+    data: str = setting("", "text file or folder (tokenized into out/data), or a prepared dir; empty: built-in tiny Shakespeare")
+    tokenizer: str = setting("byte", "when data is raw text: byte | bpe | a GPT-2 tokenizer dir")
+    precision: str = setting("bf16", "compute precision: bf16 (fp32 master weights) | fp32")
+    seed: int = setting(0, "seed of the initial weights, data order and dropout")
+    out: str = setting("runs/latest", "run directory (config.json, metrics.jsonl, ckpt/, tb/)")
+    resume: bool = setting(False, "continue the run in out= from its newest checkpoint")
+    init: str = setting("", "start from these weights: an HF save_pretrained dir")
+    plan: str = setting("", "apply a plan: auto (search now) | a plan.json from jaxpar plan")
+    dry_run: bool = setting(False, "compile the step, print memory and collectives, do not train")
+    device_peak_flops: float = setting(0.0, "peak FLOP/s per device for MFU; 0: the GPU table (no MFU elsewhere)")
+    progress: str = setting("auto", "console progress: auto | bar | plain | none")
 
 
 PRECISIONS = ("bf16", "fp32")
@@ -131,6 +136,14 @@ def apply_overrides(cfg: Config, items: dict[str, Any]) -> Config:
     """Apply dotted `key: value` overrides; `model=<preset>` is applied first so that
     `model.*` keys refine the chosen preset."""
     items = dict(items)
+    # A run's config.json names its model `model_name` (beside every model.* key): a preset is
+    # applied as `model=` would be; another label (hf:<dir> of a converted run) is kept as is.
+    label = items.pop("model_name", None)
+    if label is not None and "model" not in items:
+        if str(label) in PRESETS:
+            items["model"] = label
+        else:
+            cfg = replace(cfg, model_name=str(label))
     if "model" in items:
         name = str(items.pop("model"))
         cfg = replace(cfg, model=preset(name), model_name=name)
@@ -147,7 +160,7 @@ def apply_overrides(cfg: Config, items: dict[str, Any]) -> Config:
                 raise ConfigError(f"unknown key {key!r} (valid: {valid})")
             sections.setdefault(head, {})[rest] = parse_value(types_[rest], raw, key)
         else:
-            if key not in top or key in SECTIONS or key == "model_name":
+            if key not in top or key in SECTIONS:
                 raise ConfigError(f"unknown key {key!r}")
             cfg = replace(cfg, **{key: parse_value(top[key], raw, key)})
     for head, kv in sections.items():
@@ -171,7 +184,7 @@ def validate(cfg: Config) -> Config:
     for name in ("steps", "batch_size", "seq_len", "grad_accum"):
         if getattr(t, name) <= 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be positive")
-    for name in ("eval_every", "ckpt_every", "warmup_steps", "eval_batches"):
+    for name in ("eval_every", "ckpt_every", "ckpt_minutes", "warmup_steps", "eval_batches"):
         if getattr(t, name) < 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")
     remat = REMAT_ALIASES.get(str(t.remat).lower(), str(t.remat).lower())
@@ -180,7 +193,7 @@ def validate(cfg: Config) -> Config:
     if remat != t.remat:
         t = replace(t, remat=remat)
         cfg = replace(cfg, train=t)
-    for name in ("vocab_chunks", "mlp_chunks"):
+    for name in ("vocab_chunks", "mlp_chunks", "keep_checkpoints"):
         if getattr(t, name) <= 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be positive")
     if t.seq_len % t.vocab_chunks:
@@ -267,6 +280,17 @@ def from_dict(d: dict[str, Any]) -> Config:
 
 def dumps(cfg: Config) -> str:
     return json.dumps(to_dict(cfg), indent=2)
+
+
+# What a start did rather than what the run is: resume=true (config.json is the run's own,
+# continued), dry_run, and plan (its result is the mesh/pipeline/train keys, already in the config).
+RUN_STATE = {"resume": False, "dry_run": False, "plan": ""}
+
+
+def settings_of(cfg: Config) -> Config:
+    """The run's settings without RUN_STATE: what `<out>/config.json` holds and `jaxpar train`
+    prints, so that `--config <out>/config.json` starts the very same run again."""
+    return replace(cfg, **RUN_STATE)
 
 
 def split_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:

@@ -9,8 +9,6 @@ are gradients of fp32 params), so their reduction over data/fsdp is fp32 in bf16
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -245,26 +243,11 @@ def build_trainer(layout: ParallelLayout, mesh=None, devices=None) -> Trainer:
 
 # ----------------------------------------------------------------------------- metrics: FLOPs and peaks
 
-@functools.cache
-def measured_cpu_peak() -> float:
-    """Peak FLOP/s of this CPU backend (all cores): the fastest of 10 timed 1024^3 fp32 matmuls.
-    The fastest, not the mean, because other load on a shared machine only slows a run down."""
-    import time
-
-    a = jnp.ones((1024, 1024), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    best = math.inf
-    for _ in range(10):
-        t0 = time.perf_counter()
-        f(a).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    return 2 * 1024**3 / best
-
-
-def device_peak_flops(cfg: Config) -> float:
+def device_peak_flops(cfg: Config) -> float | None:
     """Per-device peak for MFU: `device_peak_flops` if set, else the planner's device table (dense
-    bf16, or the non-tensor-core fp32 figure), else measured (CPU)."""
+    bf16, or the non-tensor-core fp32 figure), else None: no MFU is claimed against a peak the
+    program does not know. A CPU has no datasheet peak, and a timed matmul is not its peak: MFU
+    against one read near or above 100%."""
     from jaxpar.planner.devices import spec_for_device_kind
 
     if cfg.device_peak_flops > 0:
@@ -272,7 +255,7 @@ def device_peak_flops(cfg: Config) -> float:
     spec = spec_for_device_kind(jax.devices()[0].device_kind)
     if spec is not None:
         return spec.peak_flops if cfg.precision == "bf16" else spec.peak_flops_fp32
-    return measured_cpu_peak() / max(len(jax.devices()), 1) if jax.devices()[0].platform == "cpu" else math.nan
+    return None
 
 
 def resolve_layout(cfg: Config, n_devices: int) -> ParallelLayout:

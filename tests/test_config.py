@@ -60,11 +60,13 @@ def test_the_readme_defaults():
     (default), `pipeline.gather=step` (default), `model.dropout` 0 (default, also with `init=`),
     `data=` empty = the built-in corpus, tokenized bytewise, `model.attention=auto`,
     `progress=auto` (a bar on a TTY), `eval.windows` all that fit (0), `train.skip_nonfinite`
-    off (a non-finite step stops the run), checkpoints only at the end unless `train.ckpt_every`."""
+    off (a non-finite step stops the run), a checkpoint about every 10 minutes (`train.ckpt_minutes`)
+    and at the end, no step interval unless `train.ckpt_every`, the newest 2 kept."""
     cfg = C.resolve([])
     assert (cfg.precision, cfg.pipeline.gather, cfg.pipeline.schedule, cfg.model.dropout) == ("bf16", "step", "gpipe", 0.0)
     assert (cfg.data, cfg.tokenizer, cfg.model.attention, cfg.progress) == ("", "byte", "auto", "auto")
     assert (cfg.eval.windows, cfg.train.skip_nonfinite, cfg.train.ckpt_every) == (0, False, 0)
+    assert (cfg.train.ckpt_minutes, cfg.train.keep_checkpoints) == (10.0, 2)
     assert all(p.dropout == 0.0 and p.attention == "auto" for p in C.PRESETS.values())
 
 

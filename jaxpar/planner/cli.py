@@ -20,12 +20,13 @@ import dataclasses
 import json
 import os
 import sys
+from dataclasses import dataclass
 
-from gpt2common.grammar import one_line, parse_kv
+from gpt2common.grammar import one_line, parse_kv, setting
 from jaxpar.config import Config, ConfigError, apply_overrides, validate
 from jaxpar.parallel.layout import one_f_one_b_problem
 from jaxpar.planner.cost import Workload
-from jaxpar.planner.devices import parse_bytes
+from jaxpar.planner.devices import DEVICES, parse_bytes
 from jaxpar.planner.plan import fmt_bytes, plan_for, save_plan
 from jaxpar.planner.search import TRAIN_SUPPORTED, Fixed, SearchSpace
 
@@ -37,7 +38,23 @@ FIXED_KEYS = {"mesh.data": "data", "mesh.fsdp": "fsdp", "mesh.tensor": "tensor",
               "pipeline.repeats": "repeats", "train.grad_accum": "grad_accum", "train.remat": "remat",
               "train.vocab_chunks": "vocab_chunks", "train.mlp_chunks": "mlp_chunks",
               "sharding.replicate": "replicate", "pipeline.gather": "gather"}
-PLAN_KEYS = ("devices", "device", "memory_limit", "out", "sweep", "top", "space", "attention")
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """The planner's own keys (`jaxpar plan --help` prints them; `parse_args` reads them)."""
+
+    devices: int = setting(8, "devices to plan for")
+    device: str = setting("h100", "device table row: " + " | ".join(DEVICES))
+    memory_limit: str = setting("", "bytes per device the plan may use (16GB, 40GiB); empty: the device's memory")
+    out: str = setting("plan.json", "where plan.json goes (a file, or a dir ending in /)")
+    sweep: str = setting("", "device counts, e.g. 8,16,32: PNG of predicted tokens/s and MFU against them")
+    top: int = setting(5, "candidate rows printed")
+    space: str = setting("full", "full | train (only what jaxpar train applies today)")
+    attention: str = setting("naive", "attention memory model: naive | flash")
+
+
+PLAN_KEYS = tuple(f.name for f in dataclasses.fields(PlanOptions))
 
 
 def _int(raw: str, key: str, lo: int = 1) -> int:
@@ -80,10 +97,10 @@ def parse_args(argv: list[str]) -> dict:
             fixed[name] = tuple(v) if isinstance(v, (list, tuple)) else v
     if fixed.get("schedule") == "1f1b" and cfg.model.dropout > 0:
         raise ConfigError(one_f_one_b_problem(cfg))  # the line jaxpar train gives
-    space = opts.get("space", "full")
+    space = opts.get("space", str(PlanOptions.space))
     if space not in ("full", "train"):
         raise ConfigError(f"space={space!r} must be full or train")
-    attention = opts.get("attention", "naive")
+    attention = opts.get("attention", str(PlanOptions.attention))
     if attention not in ("naive", "flash"):
         raise ConfigError(f"attention={attention!r} must be naive or flash")
     sweep = []
@@ -92,13 +109,13 @@ def parse_args(argv: list[str]) -> dict:
     return {
         "cfg": cfg,
         "json": "--json" in flags,
-        "devices": _int(opts.get("devices", "8"), "devices"),
-        "device": opts.get("device", "h100"),
+        "devices": _int(opts.get("devices", str(PlanOptions.devices)), "devices"),
+        "device": opts.get("device", str(PlanOptions.device)),
         "device_overrides": dev_over,
         "memory_limit": parse_bytes(opts["memory_limit"]) if "memory_limit" in opts else None,
-        "out": opts.get("out", "plan.json"),
+        "out": opts.get("out", str(PlanOptions.out)),
         "sweep": sweep,
-        "top": _int(opts.get("top", "5"), "top"),
+        "top": _int(opts.get("top", str(PlanOptions.top)), "top"),
         # pipeline.schedule=1f1b has no dropout (jaxpar.parallel.layout refuses it): not searched with dropout
         "space": dataclasses.replace(TRAIN_SUPPORTED if space == "train" else SearchSpace(),
                                      one_f_one_b=cfg.model.dropout == 0),

@@ -24,6 +24,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from gpt2common.grammar import setting
 from jaxpar.config import ConfigError
 
 GiB = 1024**3
@@ -33,27 +34,29 @@ GiB = 1024**3
 class DeviceSpec:
     """One accelerator kind. Units: FLOP/s, bytes, bytes/s, seconds."""
 
-    name: str
-    peak_flops: float  # dense bf16 (fp32 for cpu) FLOP/s
-    peak_flops_fp32: float  # used when precision=fp32
-    memory: float  # bytes of device memory
-    bandwidth: float  # intra-node, per direction, bytes/s
-    inter_bandwidth: float  # inter-node, per device, per direction, bytes/s
-    latency: float  # alpha: seconds per collective hop
-    node_size: int = 8  # devices sharing the fast intra-node link
-    efficiency: float = 0.55  # best achievable fraction of peak on large matmuls
-    knee_rows: float = 256.0  # matmul rows (tokens) at which half of `efficiency` is reached
-    knee_cols: float = 128.0  # matmul width (n_embd / tensor) at which half of it is reached
-    overlap: float = 0.0  # fraction of DP/FSDP collective time hidden behind compute
-    reduce_scatter: bool = True  # False: the backend lowers reduce-scatter to all-reduce (XLA:CPU)
-    native_bf16: bool = True  # False: bf16 matmuls run upcast to fp32 (XLA:CPU), fp32 activations
-    mem_bandwidth: float = 0.0  # elementwise traffic, bytes/s; 0: not modelled (fused away, see README)
-    shared_host: bool = False  # True: emulated devices share one host; peak and mem_bandwidth are the host's
-    hbm_bandwidth: float = 0.0  # accelerator memory bytes/s for memory-bound (elementwise) kernels; 0: not modelled
-    causal_blocks: bool = False  # True: the attention core runs by causal query blocks (jaxpar.models.mixed_attention on XLA:CPU)
-    # True: XLA:CPU's unrolled layer loop (gpt2.scan_unroll), whose fp32 step keeps more than the rolled
+    name: str = setting(doc="table row")
+    peak_flops: float = setting(doc="dense bf16 FLOP/s per device (fp32 for cpu)")
+    peak_flops_fp32: float = setting(doc="FLOP/s per device when precision=fp32")
+    memory: float = setting(doc="bytes of device memory (16GB, 40GiB, 1.6e10)")
+    bandwidth: float = setting(doc="intra-node link, per device and direction, bytes/s")
+    inter_bandwidth: float = setting(doc="inter-node link, per device and direction, bytes/s")
+    latency: float = setting(doc="seconds per collective hop (alpha)")
+    node_size: int = setting(8, "devices sharing the fast intra-node link")
+    efficiency: float = setting(0.55, "best achievable fraction of peak on large matmuls, in [0, 1]")
+    knee_rows: float = setting(256.0, "matmul rows (tokens) at which half of efficiency is reached; 0: off")
+    knee_cols: float = setting(128.0, "matmul width (n_embd / tensor) at which half of it is reached; 0: off")
+    overlap: float = setting(0.0, "fraction of data/fsdp collective time hidden behind compute, in [0, 1]")
+    reduce_scatter: bool = setting(True, "false: the backend lowers reduce-scatter to all-reduce (XLA:CPU)")
+    native_bf16: bool = setting(True, "false: bf16 matmuls run upcast to fp32 (XLA:CPU), fp32 activations")
+    # 0: fused away, see README
+    mem_bandwidth: float = setting(0.0, "elementwise traffic bytes/s; 0: not modelled")
+    shared_host: bool = setting(False, "true: emulated devices share one host's peak and mem_bandwidth")
+    hbm_bandwidth: float = setting(0.0, "accelerator memory bytes/s for memory-bound kernels; 0: not modelled")
+    # jaxpar.models.mixed_attention on XLA:CPU
+    causal_blocks: bool = setting(False, "true: the attention core runs by causal query blocks")
+    # XLA:CPU's unrolled layer loop (gpt2.scan_unroll), whose fp32 step keeps more than the rolled
     # scan (activations.unrolled_layer_bytes). GPUs unroll too (up to 24 layers), memory unmeasured: False.
-    unrolled_fp32: bool = False
+    unrolled_fp32: bool = setting(False, "true: fp32 steps keep the unrolled layer loop's extra activations")
 
 
 DEVICES: dict[str, DeviceSpec] = {

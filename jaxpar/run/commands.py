@@ -14,6 +14,7 @@ import sys
 from gpt2common.grammar import parse_kv
 from jaxpar import config as C
 from jaxpar.config import ConfigError
+from jaxpar.run import options as O
 
 
 def _parse(argv: list[str]) -> C.Config:
@@ -59,9 +60,9 @@ def prepare(argv: list[str]) -> int:
     from gpt2common import data
 
     kv = parse_kv(argv)
-    unknown = set(kv) - {"input", "out", "tokenizer"}
+    unknown = set(kv) - set(O.names(O.PrepareOptions))
     if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))} (valid: input, out, tokenizer)")
+        raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))} (valid: {', '.join(O.names(O.PrepareOptions))})")
     if "out" not in kv:
         raise ConfigError("prepare needs out=<dir>")
     held = [f for f in ("meta.json", "train.bin", "val.bin") if os.path.exists(os.path.join(kv["out"], f))]
@@ -72,7 +73,8 @@ def prepare(argv: list[str]) -> int:
     text = data.builtin_text() if not src else data.read_input(src)
     # each split must hold one window of the shortest sequence (seq_len 1: 2 tokens), or the
     # first run on it stops at an empty train.bin
-    meta = data.prepare(text, kv["out"], kv.get("tokenizer", "byte"), source=src or data.BUILTIN_CORPUS, min_tokens=2)
+    meta = data.prepare(text, kv["out"], kv.get("tokenizer", O.PrepareOptions.tokenizer), source=src or data.BUILTIN_CORPUS,
+                        min_tokens=2, key="input")
     print(json.dumps(meta))
     return 0
 
@@ -94,7 +96,7 @@ def load_model(checkpoint: str = "", hf_dir: str = ""):
     from gpt2common import hf
 
     if hf_dir:
-        mc, params = hf.load_hf(hf_dir)
+        mc, params = hf.load_hf(hf_dir, "hf")
         return C.Config(model=mc, model_name=f"hf:{hf_dir}"), params
     import jax
 
@@ -115,7 +117,7 @@ def _inference_base(checkpoint: str, hf_dir: str) -> tuple[C.Config, dict | None
     if hf_dir:
         from gpt2common import hf
 
-        mc, params = hf.load_hf(hf_dir)
+        mc, params = hf.load_hf(hf_dir, "hf")
         return C.Config(model=mc, model_name=f"hf:{hf_dir}", precision="fp32"), params
     # sequence parallelism is a training memory choice tied to the run's tensor degree: off by default
     return dataclasses.replace(run_config(checkpoint), mesh=C.MeshConfig(), tensor=C.TensorConfig(),
@@ -167,7 +169,7 @@ def evaluate(argv: list[str]) -> int:
     return 0
 
 
-SAMPLE_KEYS = ("checkpoint", "prompt", "max_new_tokens", "temperature", "top_k", "seed")
+SAMPLE_KEYS = O.names(O.SampleOptions)
 
 
 def sample(argv: list[str]) -> int:
@@ -200,7 +202,7 @@ def convert(argv: list[str]) -> int:
         check_writable(kv["out"], "out")
         if os.path.isdir(kv["out"]) and os.listdir(kv["out"]):
             raise ConfigError(f"out={kv['out']!r} is not empty")
-        mc, params = hf.load_hf(kv["hf"])
+        mc, params = hf.load_hf(kv["hf"], "hf")
         # a model with fewer positions than the default window gets a window it can run (sample, eval)
         train = C.TrainConfig(seq_len=min(C.TrainConfig.seq_len, mc.n_positions))
         cfg = C.Config(model=mc, model_name=f"hf:{kv['hf']}", init=kv["hf"], out=kv["out"], train=train)
@@ -213,12 +215,12 @@ def convert(argv: list[str]) -> int:
         print(f"converted {kv['hf']} -> {kv['out']} ({mc.num_params():,} params)")
         return 0
     if set(kv) == {"checkpoint", "to_hf"}:
-        check_writable(kv["to_hf"], "to_hf")
-        if os.path.isdir(kv["to_hf"]) and os.listdir(kv["to_hf"]):
-            raise ConfigError(f"to_hf={kv['to_hf']!r} is not empty")
-        cfg, params = load_model(kv["checkpoint"])
-        hf.save_hf(kv["to_hf"], cfg.model, params)
-        print(f"exported {kv['checkpoint']} -> {kv['to_hf']} (transformers safetensors)")
+        from jaxpar.run.export import check_target, export_hf
+
+        check_target(kv["to_hf"])
+        ckpt = kv["checkpoint"]
+        names = export_hf(ckpt, kv["to_hf"], run_config(ckpt), lambda: load_model(ckpt)[1])
+        print(f"exported {kv['checkpoint']} -> {kv['to_hf']} ({', '.join(names)})")
         return 0
     raise ConfigError(f"convert takes hf=DIR out=DIR or checkpoint=DIR to_hf=DIR (got {', '.join(sorted(kv)) or 'nothing'})")
 
@@ -227,7 +229,7 @@ def plot(argv: list[str]) -> int:
     from jaxpar.run.plot import plot_run
 
     kv = parse_kv(argv)
-    if set(kv) - {"run", "out"} or "run" not in kv:
+    if set(kv) - set(O.names(O.PlotOptions)) or "run" not in kv:
         raise ConfigError("plot takes run=<run dir> [out=<png>]")
     path = plot_run(kv["run"], kv.get("out"))
     print(path)

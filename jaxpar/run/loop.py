@@ -6,9 +6,11 @@ input (run dir, model, mesh, data) happens before the first byte is written.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -21,11 +23,12 @@ from gpt2common import data as data_lib
 from gpt2common import hf
 from gpt2common.outdir import make_out
 from gpt2common.writes import WriteFailed, write_atomic
-from jaxpar.config import Config, ConfigError, dumps, validate
+from jaxpar.config import Config, ConfigError, dumps, settings_of, validate
 from jaxpar.models import gpt2
 from jaxpar.parallel.layout import ParallelLayout
 from jaxpar.run import rundir
 from jaxpar.run.checkpoint import Checkpointer, restore
+from jaxpar.run.ckpt_clock import CheckpointClock
 from jaxpar.run.evaluation import mean_loss
 from jaxpar.run.launch import LOST_PEER_EXIT
 from jaxpar.run.metrics import METRICS_FILE, MetricsLogger, truncate_after
@@ -56,7 +59,7 @@ def prepare_config(cfg: Config) -> tuple[Config, ParallelLayout, dict | None]:
     """Resolve what depends on the machine and inputs: HF init weights, the layout. No writes."""
     init_params = None
     if cfg.init:
-        model_cfg, init_params = hf.load_hf(cfg.init)
+        model_cfg, init_params = hf.load_hf(cfg.init, "init")
         # The shape comes from the weights; dropout is a training choice (nanoGPT's from_pretrained
         # override): model.dropout (default 0), never the HF config's resid_pdrop (0.1 in OpenAI's GPT-2).
         model_cfg = dataclasses.replace(model_cfg, dropout=cfg.model.dropout)
@@ -130,13 +133,14 @@ def run_train(cfg: Config) -> int:
     is_main = jax.process_index() == 0
     # Signals from here on stop the run at a step boundary: one before the first step is
     # carried by step 1, so all processes agree and a checkpoint is written.
-    with _StopFlag() as stop:
+    with _StopFlag() as stop, _removed_if_no_step(cfg.out, is_main):
         if is_main:
             make_out(cfg.out)
         ds = _prepare_data(cfg, is_main)
         trainer = build_trainer(layout)
         state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step)
-        ckpt = Checkpointer(cfg.out)  # after the restore, which may have moved damaged steps aside
+        # after the restore, which may have moved damaged steps aside
+        ckpt = Checkpointer(cfg.out, max_to_keep=cfg.train.keep_checkpoints)
         try:
             return _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, stop, is_main)
         except jax.errors.JaxRuntimeError as e:
@@ -145,6 +149,35 @@ def run_train(cfg: Config) -> int:
             _lost_peer(e)
         finally:
             ckpt.close()
+
+
+@contextlib.contextmanager
+def _removed_if_no_step(out: str, is_main: bool):
+    """A start that fails before its first step (data missing or too short, a vocab too small,
+    a compile that runs out of memory) leaves no directory behind that it created: nothing of the
+    run exists yet, and a leftover `out` would only be in the way. Directories that existed
+    before (a restartable run's leftovers, the parent of `out`) are kept."""
+    top = None
+    if is_main:
+        top = os.path.abspath(out)
+        while not os.path.exists(os.path.dirname(top)):  # makedirs creates the missing parents too
+            top = os.path.dirname(top)
+        top = None if os.path.exists(top) else top
+    try:
+        yield
+    except BaseException:
+        metrics = os.path.join(out, METRICS_FILE)
+        if top is not None and not rundir.checkpoint_steps(out) and not (
+                os.path.exists(metrics) and os.path.getsize(metrics)):
+            shutil.rmtree(top, ignore_errors=True)
+        raise
+
+
+def _agree(value: int) -> int:
+    """Process 0's `value` on every process (a checkpoint step all of them save at)."""
+    from jax.experimental import multihost_utils
+
+    return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
 
 
 def _lost_peer(e: Exception) -> None:
@@ -183,13 +216,15 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
     if is_main:
         print(f"jaxpar train: {cfg.model_name} ({cfg.model.num_params():,} params), mesh {dataclasses.asdict(cfg.mesh)}, "
               f"{jax.device_count()} devices / {jax.process_count()} processes, precision {cfg.precision}")
-        print("config: " + json.dumps(dataclasses.asdict(cfg), separators=(",", ":")))
-        write_atomic(os.path.join(cfg.out, "config.json"), dumps(cfg))  # a resume's old one survives a failure
+        settings = settings_of(cfg)  # no resume/plan/dry_run: config.json is a valid --config
+        print("config: " + json.dumps(dataclasses.asdict(settings), separators=(",", ":")))
+        write_atomic(os.path.join(cfg.out, "config.json"), dumps(settings))  # a resume's old one survives a failure
         truncate_after(os.path.join(cfg.out, METRICS_FILE), start)  # a resume rewrites what came after
 
     tokens_per_step = tc.batch_size * tc.seq_len
     flops_tok = cfg.model.flops_per_token(tc.seq_len)
-    peak = device_peak_flops(cfg) * jax.device_count()
+    peak = device_peak_flops(cfg)  # None: no MFU (the metrics carry FLOP/s only)
+    peak = peak * jax.device_count() if peak else None
     logger = MetricsLogger(cfg.out, tc.steps, start, cfg.progress, enabled=is_main, print_every=tc.log_every)
     if resume_step is not None:
         logger.message(f"resumed from step {start} ({os.path.join(cfg.out, 'ckpt')})")
@@ -197,11 +232,15 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
         logger.message(f"out={cfg.out} held a run that failed before its first checkpoint; starting it over")
     fault = _fault_injection()
 
+    clock = CheckpointClock(tc.ckpt_minutes, start, _agree if jax.process_count() > 1 else lambda v: v)
+
     def save(step):
+        t0 = time.perf_counter()
         try:
             ckpt.save(step, state, {"step": step, "seed": cfg.seed, "nonfinite_skipped": skipped})
         except WriteFailed as e:
             raise WriteFailed(f"step {step}: {e}") from None
+        clock.saved(step, time.perf_counter() - t0)
 
     def put(step):  # host gather + transfer of step `step`'s batch
         x, y = data_lib.train_batch(ds, tc.seq_len, tc.batch_size, cfg.seed, step)
@@ -232,7 +271,9 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
         loss, gnorm = float(host["loss"]), float(host["grad_norm"])
         rec = {"step": n, "loss": loss, "grad_norm": gnorm, "lr": float(lrs[n - 1]),
                "tokens_per_s": tokens_per_step / dt, "step_time_s": dt,
-               "mfu": flops_tok * tokens_per_step / dt / peak}
+               "flops_per_s": flops_tok * tokens_per_step / dt}
+        if peak:
+            rec["mfu"] = rec["flops_per_s"] / peak
         if not bool(host["finite"]):
             rec.update(loss=loss if np.isfinite(loss) else None, grad_norm=gnorm if np.isfinite(gnorm) else None,
                        nonfinite=True)  # JSON has no NaN
@@ -246,6 +287,7 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
 
     def log(rec):
         logger.log(rec)
+        clock.observe(rec["step_time_s"])
         if fault is not None and rec["step"] == fault[0]:
             os.kill(os.getpid(), fault[1])
 
@@ -273,15 +315,16 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
                 log(rec)
                 stop_seen |= flag
             pending, done = (n, m), n
-            ckpt_now = tc.ckpt_every and n % tc.ckpt_every == 0 and n < tc.steps
+            ckpt_now = ((tc.ckpt_every and n % tc.ckpt_every == 0) or clock.due(n)) and n < tc.steps
             eval_now = tc.eval_every and n % tc.eval_every == 0
-            if not (stop_seen or ckpt_now or eval_now or n == tc.steps):
+            if not (stop_seen or ckpt_now or eval_now or clock.boundary(n) or n == tc.steps):
                 continue
             rec, flag = read(*pending)  # a boundary: wait for step n
             pending, stop_seen = None, stop_seen or flag
             if eval_now:
                 rec["val_loss"] = evaluate(trainer, state["params"], ds, cfg)
             log(rec)
+            clock.at_boundary(n)
             if stop_seen:
                 stopped = signal.Signals(stop.signum).name if stop.signum else "a signal to another process"
                 break

@@ -53,6 +53,14 @@ def _import_summary_writer():
     return SummaryWriter
 
 
+def flops_text(flops_per_s: float) -> str:
+    """'42.1 GFLOP/s': three significant digits in the largest unit below the value."""
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
+        if flops_per_s >= scale:
+            return f"{flops_per_s / scale:.3g} {unit}FLOP/s"
+    return f"{flops_per_s:.3g} FLOP/s"
+
+
 class MetricsLogger:
     def __init__(self, out_dir: str, total_steps: int, start_step: int, progress: str = "auto", enabled=True,
                  print_every: int = 1):
@@ -94,8 +102,9 @@ class MetricsLogger:
                 if k != "step" and isinstance(v, (int, float)):
                     self.tb.add_scalar(k, v, rec["step"])
         loss = "non-finite" if rec["loss"] is None else f"{rec['loss']:.4f}"  # None: NaN/inf (JSON has none)
-        info = (f"loss {loss} | {rec['tokens_per_s']:,.0f} tok/s | "
-                f"{rec['step_time_s'] * 1e3:.1f} ms | mfu {rec['mfu'] * 100:.2f}%")
+        # MFU only against a known peak (jaxpar.train.device_peak_flops); otherwise the FLOP/s reached
+        rate = f"mfu {rec['mfu'] * 100:.2f}%" if "mfu" in rec else flops_text(rec["flops_per_s"])
+        info = f"loss {loss} | {rec['tokens_per_s']:,.0f} tok/s | {rec['step_time_s'] * 1e3:.1f} ms | {rate}"
         if "val_loss" in rec:
             info += f" | val {rec['val_loss']:.4f}"
         if self.bar is not None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from gpt2common import data as data_lib
 from gpt2common.grammar import ConfigError, parse_value
+from jaxpar.run.options import SampleOptions
 
 
 def sample_token(logits, temperature: float, top_k: int, key):
@@ -58,21 +59,35 @@ def generate(cfg, params, prompt_ids: np.ndarray, max_new_tokens: int, temperatu
     return np.asarray(ids, np.int32)
 
 
-def find_tokenizer(run: str, cfg):
-    """The tokenizer of a run: its prepared data (`<run>/data`, else `data=`), else, for a run made
-    by `jaxpar convert hf=DIR`, the GPT-2 tokenizer files (vocab.json + merges.txt) of that DIR."""
+def tokenizer_source(run: str, cfg) -> tuple[data_lib.Tokenizer | None, str]:
+    """(the tokenizer of a run, the GPT-2 tokenizer dir it was read from or ""): its prepared data
+    (`<run>/data`, else `data=`), else, for a run made by `jaxpar convert hf=DIR`, the GPT-2
+    tokenizer files (vocab.json + merges.txt) of that DIR. (None, "") when the run has neither."""
+    def gpt2_dir(path: str) -> bool:
+        return bool(path) and all(os.path.isfile(os.path.join(path, f)) for f in ("vocab.json", "merges.txt"))
+
     for prepared in (os.path.join(run, "data"), cfg.data):
         if prepared and data_lib.is_prepared(prepared):
-            return data_lib.load_tokenizer(prepared)
+            tok = data_lib.load_tokenizer(prepared)
+            # raw text the run tokenized itself with tokenizer=<GPT-2 dir>: that dir is the source
+            return tok, cfg.tokenizer if tok.kind == "gpt2-dir" and gpt2_dir(cfg.tokenizer) else ""
     init = cfg.init or ""
-    if all(os.path.isfile(os.path.join(init, f)) for f in ("vocab.json", "merges.txt")):
+    if gpt2_dir(init):
         tok = data_lib.load_gpt2_tokenizer_dir(init)
         if tok.vocab_size > cfg.model.vocab_size:
             raise ConfigError(f"checkpoint={run!r}: the tokenizer in {init} has {tok.vocab_size} tokens, more than "
                               f"model.vocab_size={cfg.model.vocab_size}")
-        return tok
-    raise ConfigError(f"checkpoint={run!r}: cannot find the tokenizer (no prepared data in {run}/data, "
-                      f"and init={init!r} holds no vocab.json + merges.txt)")
+        return tok, init
+    return None, ""
+
+
+def find_tokenizer(run: str, cfg):
+    """`tokenizer_source`'s tokenizer, or the one-line error saying where it was looked for."""
+    tok, _ = tokenizer_source(run, cfg)
+    if tok is None:
+        raise ConfigError(f"checkpoint={run!r}: cannot find the tokenizer (no prepared data in {run}/data, "
+                          f"and init={cfg.init or ''!r} holds no vocab.json + merges.txt)")
+    return tok
 
 
 def run_sample(kv: dict, cfg) -> int:
@@ -82,13 +97,14 @@ def run_sample(kv: dict, cfg) -> int:
 
     run = kv["checkpoint"]
     tok = find_tokenizer(run, cfg)
-    n = parse_value(int, kv.get("max_new_tokens", "100"), "max_new_tokens")
-    temp = parse_value(float, kv.get("temperature", "0.8"), "temperature")
-    top_k = parse_value(int, kv.get("top_k", "40"), "top_k")
-    seed = parse_value(int, kv.get("seed", "0"), "seed")
+    d = SampleOptions()
+    n = parse_value(int, kv.get("max_new_tokens", d.max_new_tokens), "max_new_tokens")
+    temp = parse_value(float, kv.get("temperature", d.temperature), "temperature")
+    top_k = parse_value(int, kv.get("top_k", d.top_k), "top_k")
+    seed = parse_value(int, kv.get("seed", d.seed), "seed")
     if n <= 0:
         raise ConfigError(f"max_new_tokens={n} must be positive")
-    prompt = kv.get("prompt", "\n")
+    prompt = kv.get("prompt", d.prompt)
     ids = tok.encode(prompt)
     if len(ids) == 0:
         ids = tok.encode("\n")

@@ -50,3 +50,11 @@ def test_plan_auto_on_a_gpu_uses_the_same_row(monkeypatch, kind, row):
     _fake_gpu(monkeypatch, kind)
     monkeypatch.setattr(jax, "device_count", lambda *a: 4)
     assert apply.devices_at_hand(resolve([])) == (4, row)
+
+
+@pytest.mark.parametrize("kind,platform", [("cpu", "cpu"), ("NVIDIA L4", "gpu"), ("TPU v4", "tpu")])
+def test_no_peak_is_claimed_for_a_device_outside_the_table(monkeypatch, kind, platform):
+    """MFU needs a peak the program knows: the GPU table or device_peak_flops=; anything else has none."""
+    monkeypatch.setattr(jax, "devices", lambda *a: [SimpleNamespace(device_kind=kind, platform=platform)])
+    assert device_peak_flops(resolve([])) is None
+    assert device_peak_flops(resolve(["device_peak_flops=2.5e11"])) == 2.5e11

@@ -1,5 +1,7 @@
 """Bad input: exit 2, one line `error: ...` naming the values, no traceback, nothing written."""
 
+import os
+
 import pytest
 from support.cli_helpers import run
 
@@ -38,8 +40,17 @@ def test_unknown_command():
 
 def test_missing_data_file(tmp_path):
     line = err(run(["train", "model=gpt2-tiny", f"data={tmp_path / 'nope.txt'}", f"out={tmp_path / 'o'}"]))
-    assert line == f"error: input={str(tmp_path / 'nope.txt')!r} does not exist"
-    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+    assert line == f"error: data={str(tmp_path / 'nope.txt')!r} does not exist"  # the key typed, not prepare's input=
+    assert not (tmp_path / "o").exists()  # a start that fails before its first step leaves no dir behind
+
+
+def test_a_start_that_fails_before_its_first_step_leaves_no_directory(tmp_path):
+    """The vocab check fails after the run dir (and its missing parents) was made: all of it goes,
+    and an existing parent stays."""
+    out = tmp_path / "a" / "b" / "run"
+    line = err(run(["train", "model=gpt2-tiny", "model.vocab_size=100", "train.seq_len=8", f"out={out}"]))
+    assert line == "error: data vocab_size=256 is larger than model.vocab_size=100"
+    assert sorted(os.listdir(tmp_path)) == []
 
 
 def test_corrupt_data_file(tmp_path):
@@ -102,8 +113,8 @@ def test_prepare_refuses_text_too_short_for_two_splits(tmp_path):
         src.write_bytes(text)
         r = run(["prepare", f"input={src}", f"out={tmp_path / 'prep'}"])
         assert r.returncode == 2
-        assert err(r) == (f"error: data={str(src)!r} gives {len(text)} tokens ({split}); each split needs at least "
-                          "train.seq_len+1=2")
+        assert err(r) == (f"error: input={str(src)!r} gives {len(text)} tokens ({split}); each split needs at least "
+                          "2 tokens")
         assert not (tmp_path / "prep").exists()
     src.write_bytes(b"abcdefghijklmnopqrst")  # 18 train, 2 val: the least that splits
     assert run(["prepare", f"input={src}", f"out={tmp_path / 'prep'}"]).returncode == 0
@@ -122,3 +133,22 @@ def test_prepare_refuses_a_prepared_dir(tmp_path):
     assert err(r) == (f"error: out={str(d)!r} already holds prepared data (meta.json, train.bin, val.bin); "
                       "choose a new out= or delete it first")
     assert {f.name: f.read_bytes() for f in d.iterdir()} == before
+
+
+def test_an_hf_dir_error_names_the_key_it_was_given_by(tmp_path, capsys):
+    """init= (train), hf= (eval, convert): the path is named with its key, as the user typed it."""
+    from jaxpar import cli
+
+    nope = str(tmp_path / "nope")
+    line = err(run(["train", "model=gpt2-tiny", f"init={nope}", f"out={tmp_path / 'o'}"]))
+    assert line == f"error: init={nope!r} is not an HF save_pretrained dir (no config.json)"
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text('{"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 2, '
+                                                  '"vocab_size": 16, "n_positions": 8}')
+    bad = str(tmp_path / "bad")
+    for argv, want in ((["convert", f"hf={nope}", f"out={tmp_path / 'r'}"],
+                        f"hf={nope!r} is not an HF save_pretrained dir (no config.json)"),
+                       (["eval", f"hf={bad}", f"data={tmp_path / 'x.bin'}"], f"hf={bad!r} has no model.safetensors")):
+        assert cli.main(argv) == 2
+        assert capsys.readouterr().err == f"error: {want}\n"

@@ -149,7 +149,10 @@ def test_data_that_cannot_be_prepared_is_one_error_line_and_no_half_file(tmp_pat
                 f"data={small_text(tmp_path)}", f"out={out}"], 1000, tool)
     assert r.returncode == 4, r.stderr[-3000:]
     assert r.stderr == f"error: cannot write {out}/data/train.bin: File too large (errno 27)\n"
-    assert os.listdir(out / "data") == []  # no train.bin.tmp left behind
+    if tool == "jaxpar":  # a start that fails before its first step leaves no directory behind
+        assert not out.exists()
+    else:
+        assert os.listdir(out / "data") == []  # no train.bin.tmp left behind
 
 
 def test_torchref_initial_weights_that_cannot_be_written_are_one_error_line(tmp_path):

@@ -37,3 +37,14 @@ def test_none_prints_nothing_but_writes_the_metrics(tmp_path, capsys):
     m.close()
     assert capsys.readouterr().out == ""
     assert [json.loads(ln)["step"] for ln in open(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_without_a_known_peak_the_line_shows_flops_and_no_percentage(tmp_path, capsys):
+    m = MetricsLogger(str(tmp_path), 3, 0, "plain")
+    for step, flops in ((1, 4.21e10), (2, 1.5e12), (3, 999.0)):
+        rec = {k: v for k, v in _rec(step).items() if k != "mfu"}
+        m.log({**rec, "flops_per_s": flops})
+    m.close()
+    tail = [ln.split(" ms | ")[1] for ln in capsys.readouterr().out.splitlines()]
+    assert tail == ["42.1 GFLOP/s", "1.5 TFLOP/s", "999 FLOP/s"]
+    assert [json.loads(ln).get("mfu") for ln in open(tmp_path / "metrics.jsonl")] == [None, None, None]

@@ -1,0 +1,65 @@
+"""The keys of the commands that are not `jaxpar train` settings (prepare, eval, sample, convert,
+plot, launch): their names, types, defaults and meanings, in one place. The commands parse
+their arguments against these dataclasses and `jaxpar <command> --help` prints them
+(`jaxpar.run.help`). No JAX here: the CLI reads them before any device exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from gpt2common.grammar import setting
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    input: str = setting("", "text file, or folder of .txt/.md files; empty: built-in tiny Shakespeare")
+    out: str = setting("", "new directory for meta.json, train.bin, val.bin (required)")
+    tokenizer: str = setting("byte", "byte (256 ids) | bpe (trained here, 4096 ids) | a GPT-2 tokenizer dir")
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    checkpoint: str = setting("", "run directory to evaluate (this or hf=)")
+    hf: str = setting("", "HF save_pretrained dir to evaluate (this or checkpoint=)")
+    data: str = setting("", "prepared dir (its val.bin) or a .bin token file (required)")
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    checkpoint: str = setting("", "run directory to sample from (required)")
+    prompt: str = setting("\n", "text the generation continues")
+    max_new_tokens: int = setting(100, "tokens to generate")
+    temperature: float = setting(0.8, "softmax temperature; <= 0: greedy (argmax)")
+    top_k: int = setting(40, "draw from the k most likely tokens only; <= 0: all")
+    seed: int = setting(0, "seed of the draws (the same tokens on any mesh)")
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    hf: str = setting("", "HF save_pretrained dir to import (with out=)")
+    out: str = setting("", "new run directory for the imported weights (with hf=)")
+    checkpoint: str = setting("", "run directory to export (with to_hf=)")
+    to_hf: str = setting("", "new dir for config.json, model.safetensors, tokenizer and generation_config.json")
+
+
+@dataclass(frozen=True)
+class PlotOptions:
+    run: str = setting("", "run directory whose metrics.jsonl is plotted (required)")
+    out: str = setting("", "PNG path; empty: <run>/curves.png")
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    nprocs: int = setting(0, "local processes to start (required, >= 1)")
+    port: int = setting(0, "coordinator port on 127.0.0.1; 0: a free one")
+    grace: int = setting(10, "seconds the others get after one process fails, before SIGKILL")
+
+
+def names(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+def default(cls, name: str):
+    """The default of option `name` of `cls` (its field default)."""
+    return next(f.default for f in fields(cls) if f.name == name)

@@ -1,0 +1,93 @@
+"""`jaxpar --help` and `jaxpar <command> --help`: generated from the dataclasses the commands parse
+their keys into, so every key is listed with a default that parses back to the real default."""
+
+import dataclasses
+import re
+import subprocess
+import sys
+
+import pytest
+
+from gpt2common.grammar import setting
+from jaxpar import cli
+from jaxpar import config as C
+from jaxpar.planner import cli as plan_cli
+from jaxpar.run import help as H
+from jaxpar.run import launch
+from jaxpar.run import options as O
+
+
+def test_every_key_has_a_doc_line_and_the_check_sees_a_missing_one():
+    assert H.undocumented(H.documented_classes()) == []
+
+    @dataclasses.dataclass(frozen=True)
+    class Bare:
+        good: int = setting(1, "documented")
+        bad: int = 2
+        empty: str = setting("", " ")
+
+    assert H.undocumented([Bare]) == ["Bare.bad", "Bare.empty"]
+
+
+@pytest.mark.parametrize("cmd", list(H.COMMANDS))
+def test_each_command_help_exits_0_and_every_row_has_type_default_meaning(cmd, capsys):
+    for flag in ("--help", "-h"):
+        assert cli.main([cmd, "x=1", flag]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: jaxpar {cmd} ")
+        entries, _ = H.command_rows(cmd)
+        assert entries and all(all(col.strip() for col in e) for e in entries)
+        table = out.split("keys (type, default, meaning):\n")[1].split("\n\n")[0]
+        # columns are separated by two or more spaces: key, type, default, meaning
+        assert [tuple(re.split(r"\s{2,}", ln.strip())) for ln in table.splitlines()] == entries
+
+
+def test_top_level_help_lists_every_command(capsys):
+    for argv in ([], ["--help"], ["-h"]):
+        assert cli.main(argv) == 0
+        out = capsys.readouterr().out
+        listed = [ln.split()[0] for ln in out.split("commands:\n")[1].split("\n\n")[0].splitlines()]
+        assert listed == list(H.COMMANDS) and set(listed) == set(cli.COMMANDS)
+
+
+def _parse_shown(text: str) -> str:
+    return "" if text == '""' else text
+
+
+def test_train_help_lists_exactly_the_keys_train_accepts_with_their_defaults():
+    rows = H.config_rows()
+    keys = [r[0] for r in rows]
+    accepted = {"model"} | {f"{s}.{f.name}" for s, cls in C.SECTIONS.items() for f in dataclasses.fields(cls)} | {
+        f.name for f in dataclasses.fields(C.Config) if f.name not in C.SECTIONS and f.name != "model_name"}
+    assert len(keys) == len(set(keys)) == len(accepted) and set(keys) == accepted
+    # every shown default, given back as key=value, yields the default Config
+    assert C.apply_overrides(C.Config(), {k: _parse_shown(d) for k, _, d, _ in rows}) == C.Config()
+
+
+def test_a_non_default_base_shows_its_values():
+    cfg = C.resolve(["model=gpt2-tiny", "train.steps=7", "sharding.replicate=embed,mlp", "data=a b.txt"])
+    shown = {k: d for k, _, d, _ in H.config_rows(cfg)}
+    assert (shown["model"], shown["model.n_layer"], shown["train.steps"]) == ("gpt2-tiny", "2", "7")
+    assert (shown["sharding.replicate"], shown["data"]) == ("embed,mlp", "'a b.txt'")
+
+
+def test_option_keys_are_the_keys_the_commands_parse():
+    assert launch.KEYS == set(O.names(O.LaunchOptions))
+    assert plan_cli.PLAN_KEYS == O.names(plan_cli.PlanOptions)
+    plan_keys = {r[0] for r in H.command_rows("plan")[0]}
+    assert set(plan_cli.FIXED_KEYS) | set(plan_cli.CONFIG_KEYS) | set(plan_cli.PLAN_KEYS) <= plan_keys
+    # sample's defaults are the ones run_sample applies
+    assert (O.SampleOptions.max_new_tokens, O.SampleOptions.temperature, O.SampleOptions.top_k) == (100, 0.8, 40)
+
+
+def test_unknown_prepare_key_lists_the_documented_ones(capsys, tmp_path):
+    assert cli.main(["prepare", f"out={tmp_path / 'p'}", "bogus=1"]) == 2
+    assert capsys.readouterr().err == "error: unknown key(s) bogus (valid: input, out, tokenizer)\n"
+    assert not (tmp_path / "p").exists()
+
+
+def test_help_as_a_user_runs_it_exits_0_without_importing_jax():
+    code = "import sys; from jaxpar.cli import main; rc = main(['train', '--help']); assert 'jax' not in sys.modules; sys.exit(rc)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "train.ckpt_every" in r.stdout and r.stderr == ""
