@@ -30,7 +30,7 @@ from jaxpar import optim, train
 from jaxpar.tolerances import adamw_step_bounds
 
 SLOW = 20  # the `-m slow` variants draw this many times more examples
-N_FAST = 40  # examples per property in the default suite
+N_FAST = 30  # drawn examples per property in the default suite (plus the explicit @example ones)
 
 # A small tree with both sides of train.decay_mask: decayed matmul weights, undecayed bias,
 # LayerNorm and embedding. 7*3 + 3*5 + 5 + 3 = 44 elements (the norm's reduction length).
@@ -126,7 +126,9 @@ def check_within(tc, params, grads, norm, state, count, got, want, clip_eps):
     f64 = lambda t: [np.asarray(x, np.float64) for x in jax.tree.leaves(t)]  # noqa: E731
     nrm = float(np.sqrt(sum(float(np.sum(g * g)) for g in f64(grads))))
     scale = clip / nrm if clip > 0 and nrm >= clip else 1.0  # exact clip factor
-    clip_eps_rel = clip_eps / nrm if clip > 0 and nrm >= clip * (1 - 1e-3) else 0.0
+    # torch scales by clip / (norm + 1e-6) whenever that is < 1, i.e. also for norms up to 1e-6 below
+    # clip; its factor is then within 1e-6 / norm of the exact min(1, clip / norm) (the 1e-3: fp32 norms)
+    clip_eps_rel = clip_eps / nrm if clip > 0 and nrm * (1 + 1e-3) + clip_eps >= clip else 0.0
     adam = adam_state(state)
     decay = jax.tree.leaves(train.decay_mask(params))
     for name, (p, g, m, v, d, gp, gm, gv, wp, wm, wv) in zip(
@@ -219,7 +221,7 @@ def test_the_drawn_norms_cover_every_side_of_grad_clip():
 
     for region in (lambda r: r is None, lambda r: r == 1.0, lambda r: r is not None and 1 < r < 1.5,
                    lambda r: r is not None and r < 1, lambda r: r is not None and r > 100):
-        find(RATIO, region, settings=settings(max_examples=500, database=None))
+        find(RATIO, region, settings=settings(max_examples=500, database=None, derandomize=True))
 
 
 def test_bounds_separate_a_threshold_off_by_half():
