@@ -30,7 +30,7 @@ from jaxpar import optim, train
 from jaxpar.tolerances import adamw_step_bounds
 
 SLOW = 20  # the `-m slow` variants draw this many times more examples
-N_FAST = 30  # drawn examples per property in the default suite (plus the explicit @example ones)
+N_FAST = 20  # drawn examples per property in the default suite (plus the explicit @example ones)
 
 # A small tree with both sides of train.decay_mask: decayed matmul weights, undecayed bias,
 # LayerNorm and embedding. 7*3 + 3*5 + 5 + 3 = 44 elements (the norm's reduction length).
