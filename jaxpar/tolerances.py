@@ -252,3 +252,72 @@ TRAJECTORY = {
     "fp32": {"loss_rel": _v("parity.fp32.loss"), "grad_rel": _v("parity.fp32.grad")},
     "bf16": {"loss_rel": _v("parity.bf16.loss", True), "grad_l2_rel": _v("parity.bf16.grad_l2", True)},
 }
+
+
+# ----------------------------------------------------------------- a-priori bounds (property tests)
+# The hand-written replacements' property tests (docs/testing.md) draw their inputs over the whole
+# domain, so no one measured value bounds them: each comparison's bound is derived from the
+# arithmetic instead, a function of the drawn sizes and magnitudes. The rule, from Higham's
+# "Accuracy and Stability of Numerical Algorithms" (ch. 3): a sum of n terms or a chain of n
+# roundings computed in a format of unit roundoff u is within gamma(n, u) * S of exact, S the same
+# expression evaluated on absolute values. Two implementations of one function each within B of
+# exact are within 2B of each other: every bound below is that 2B (`PAIR`).
+
+PAIR = 2.0  # two implementations, each within the bound of the exact value
+
+
+def gamma(n: float, u: float = U_FP32) -> float:
+    """Higham's gamma_n = n·u / (1 - n·u): the relative bound of n roundings (a sum of n + 1 terms
+    in any order, a product of n factors) in a format of unit roundoff u."""
+    if n * u >= 1:
+        raise ValueError(f"gamma({n}, {u}): n·u >= 1, no bound")
+    return n * u / (1 - n * u)
+
+
+def bias_correction_error(beta: float, count: int) -> float:
+    """Relative error of 1 - beta**count computed in fp32 (optax.tree.bias_correction, jaxpar.optim):
+    beta rounds to fp32 (u), the power multiplies that by count and rounds twice more, so beta**count
+    is within (count + 2)·u·beta**count of exact; the subtraction cancels to 1 - beta**count and
+    rounds once more. At count 1, beta = 0.999: 1e3·u (the cancellation, not fp32 noise)."""
+    if beta == 0:
+        return U_FP32
+    b = beta**count
+    return (count + 2) * U_FP32 * b / (1 - b) + U_FP32
+
+
+def adamw_step_bounds(n, p, gc, m, v, *, b1, b2, eps, wd, lr, count, clip_eps_rel=0.0):
+    """Per-element bounds (mu, nu, params) on |a - b| for two implementations of one
+    clip_by_global_norm -> AdamW step, on one element of a tree of n fp32 elements. Arguments are
+    float64 arrays (or floats) of the exact quantities: p the old weight, gc the clipped gradient,
+    m, v the old moments; clip_eps_rel the relative amount by which a reference's clip factor
+    differs from clip / norm by construction (torch's clip_grad_norm_ divides by norm + 1e-6:
+    1e-6 / norm; optax and jaxpar.optim: 0).
+
+    Per implementation (then x PAIR):
+      clip factor   e_c = (n/2 + 3)·u + clip_eps_rel: the norm is a sum of n squares (n·u relative,
+                    all terms positive), its sqrt halves that and rounds (u); g / norm · clip two more;
+      mu            (e_c + 6u)·(b1|m| + (1-b1)|gc|): the two products, the sum, the rounding of
+                    1 - b1 and torch's lerp form m + (1-b1)(g - m) (<= 5 roundings of that sum);
+      nu            (2e_c + 6u)·nu (every term non-negative; gc enters squared);
+      update        u = (mu/bc1) / (sqrt(nu/bc2) + eps): mu's error and its bias correction
+                    (`bias_correction_error`) over the denominator, plus |u| times the denominator's
+                    relative error (half nu's and bc2's, the sqrt, the eps add) and the division;
+      params        lr·|du| + 5u·(|p| + lr|u| + lr·wd|p|): the decay product and sum, lr·update and
+                    the final add (torch's p·(1 - lr·wd) and lr/bc1 split one of them in two).
+    """
+    u = U_FP32
+    e_c = (n / 2 + 3) * u + clip_eps_rel
+    a_m = b1 * abs(m) + (1 - b1) * abs(gc)
+    mu = b1 * m + (1 - b1) * gc
+    nu = b2 * v + (1 - b2) * gc * gc
+    d_mu = (e_c + 6 * u) * a_m
+    e_nu = 2 * e_c + 6 * u
+    bc1, bc2 = 1 - b1**count, 1 - b2**count
+    e1, e2 = bias_correction_error(b1, count), bias_correction_error(b2, count)
+    root = (nu / bc2) ** 0.5
+    den = root + eps
+    upd = mu / bc1 / den
+    e_den = (0.5 * (e_nu + e2) + 2 * u) * root / den + u
+    d_upd = (d_mu / bc1 + abs(mu) / bc1 * e1) / den + abs(upd) * (e_den + u)
+    d_p = lr * d_upd + 5 * u * (abs(p) + lr * abs(upd) + lr * wd * abs(p))
+    return PAIR * d_mu, PAIR * e_nu * nu, PAIR * d_p

@@ -37,6 +37,8 @@ TRAIN100 = T + "run/test_train_cli.py::test_loss_falls_30_percent_in_100_steps"
 SAMPLE = T + "run/test_train_cli.py::test_sample_is_deterministic"
 PROPS = T + "test_properties_data_config.py"
 PROPS_PLAN = T + "planner/test_properties_planner.py"
+PROPS_OPTIM = T + "test_properties_optim.py"
+PROPS_NUM = T + "models/test_properties_numerics.py"
 
 MUTANTS: list[Mutant] = [
     # ------------------------------------------------------------- a write the run cannot make (disk full)
@@ -2093,6 +2095,63 @@ MUTANTS: list[Mutant] = [
            "        ctx.maybe_crash(w, step + 1)\n", "        ctx.maybe_crash(ctx.rank, step + 1)\n",
            "single-ps: debug.crash_rank=w kills worker w-1 (the process rank, not the worker index)",
            (TR_STRAT + "::test_single_ps_crash_rank_counts_workers_not_the_server", T + "torchref/test_failures_torchref.py")),
+    # ------------------------------------------------------------- hand-written replacements vs their references (docs/testing.md)
+    Mutant("optim_clip_threshold_1_5x", "props", "jaxpar/optim.py",
+           "jax.lax.select(grad_norm < clip, g,", "jax.lax.select(grad_norm < 1.5 * clip, g,",
+           "gradients whose norm lies between grad_clip and 1.5 grad_clip are not clipped (passed the whole "
+           "default suite before the property tests: step 1's weights barely move, mu and nu do)",
+           (PROPS_OPTIM,)),
+    Mutant("layernorm_eps_hard_coded", "props", "jaxpar/models/layernorm.py",
+           "return mean, jax.lax.rsqrt(var + eps)", "return mean, jax.lax.rsqrt(var + 1e-6)",
+           "LayerNorm ignores its eps (GPT-2's 1e-5) for a hard-coded 1e-6: flat rows scaled 3x",
+           (PROPS_NUM + "::test_layernorm_equals_autodiff_of_the_plain_expression",)),
+    Mutant("softmax_bwd_sums_over_queries", "props", "jaxpar/models/softmax.py",
+           "return (p * (g - jnp.sum(g * p, axis=-1, keepdims=True)),)",
+           "return (p * (g - jnp.sum(g * p, axis=-2, keepdims=True)),)",
+           "causal softmax backward sums g·p over the query axis instead of the key axis (the transposed Jacobian)",
+           (PROPS_NUM + "::test_causal_softmax_equals_autodiff_of_the_plain_expression",)),
+    Mutant("gelu_bwd_cubic_term", "props", "jaxpar/models/gelu.py",
+           "_C * (1.0 + 3.0 * _A * x32 * x32)", "_C * (1.0 + _A * x32 * x32)",
+           "tanh GELU's derivative differentiates 0.044715·x³ as 0.044715·x² (the factor 3 lost)",
+           (PROPS_NUM + "::test_gelu_equals_autodiff_of_the_plain_expression",)),
+    Mutant("attn_dq_ds_transposed", "props", "jaxpar/models/mixed_attention.py",
+           '    dq = _dot("bnts,bsnh->btnh", ds, k, dtype)\n    dk = _sum_over_t(ds, q, dtype)',
+           '    dq = _dot("bnst,bsnh->btnh", ds, k, dtype)\n    dk = _sum_over_t(ds, q, dtype)',
+           "the attention core's dQ takes dS transposed (keys for queries)",
+           (PROPS_NUM + "::test_attention_core_equals_autodiff_of_the_plain_core",)),
+    Mutant("attn_block_mask_off_by_one", "props", "jaxpar/models/mixed_attention.py",
+           "causal = jnp.tril(jnp.ones((b, hi), dtype=bool), k=lo)",
+           "causal = jnp.tril(jnp.ones((b, hi), dtype=bool), k=lo + 1)",
+           "a causal query block's mask lets each row see the next token (T >= 128)",
+           (PROPS_NUM + "::test_attention_core_equals_autodiff_of_the_plain_core",)),
+    Mutant("chunked_ce_target_off_by_one", "props", "jaxpar/models/chunked.py",
+           "onehot = jnp.arange(logits.shape[-1], dtype=targets.dtype) == targets[..., None]",
+           "onehot = jnp.arange(1, logits.shape[-1] + 1, dtype=targets.dtype) == targets[..., None]",
+           "chunked cross-entropy picks the logit of the token after the target (vocab index off by one)",
+           (PROPS_NUM + "::test_chunked_cross_entropy_equals_autodiff_of_the_plain_loss",)),
+    Mutant("chunked_mlp_proj_chunk_off_by_one", "props", "jaxpar/models/chunked.py",
+           "wp = jnp.moveaxis(w_proj.reshape(F // chunks, chunks, D), 1, 0)  # (k, F/k, D)",
+           "wp = jnp.roll(jnp.moveaxis(w_proj.reshape(F // chunks, chunks, D), 1, 0), 1, axis=0)  # (k, F/k, D)",
+           "chunked MLP: chunk c's hidden units meet chunk c-1's c_proj rows",
+           (PROPS_NUM + "::test_chunked_mlp_equals_autodiff_of_the_plain_mlp",)),
+    Mutant("chunked_mlp_bf16_dx_last_chunk", "props", "jaxpar/models/chunked.py",
+           "        return dx + dx_c, tuple(dw)", "        return dx_c, tuple(dw)",
+           "bf16 chunked MLP's hand-written backward keeps only the last chunk's input gradient",
+           (PROPS_NUM + "::test_chunked_mlp_equals_autodiff_of_the_plain_mlp",)),
+    Mutant("weight_grad_swap_reshaped", "props", "jaxpar/models/precision.py",
+           "return jnp.transpose(jax.lax.optimization_barrier(r), [order.index(c) for c in w])",
+           "return jax.lax.optimization_barrier(r).reshape([size[c] for c in w])",
+           "the swapped-order weight gradient is reshaped, not transposed, back to the weight's (F, D) layout",
+           (PROPS_NUM + "::test_mixed_einsum_equals_autodiff_of_the_plain_einsum",)),
+    Mutant("f1b1_ring_slot_off_by_one", "props", "jaxpar/parallel/pipeline_1f1b.py",
+           "ring = jax.lax.dynamic_update_index_in_dim(ring, x, fi % K, 0)",
+           "ring = jax.lax.dynamic_update_index_in_dim(ring, x, (fi + 1) % K, 0)",
+           "1F1B saves microbatch f's stage input in the next ring slot: its backward re-runs another microbatch",
+           (T + "parallel/test_properties_1f1b.py::test_1f1b_gradients_equal_autodiff_of_gpipe",)),
+    Mutant("unlisted_custom_vjp", "props", "jaxpar/models/gelu.py",
+           "def _gelu_fwd(x):", "@jax.custom_vjp\ndef _unlisted(x):\n    return x\n\n\ndef _gelu_fwd(x):",
+           "a new custom gradient lands without a row in docs/testing.md (and so without a property test)",
+           (T + "test_hand_written_replacements.py",)),
 ]
 
 
