@@ -19,7 +19,7 @@ import numpy as np
 
 from gpt2common import data as data_lib
 from gpt2common import hf
-from gpt2common.outdir import make_out
+from gpt2common.outdir import hold
 from gpt2common.writes import WriteFailed, write_atomic
 from jaxpar.config import Config, ConfigError, dumps, validate
 from jaxpar.models import gpt2
@@ -131,20 +131,31 @@ def run_train(cfg: Config) -> int:
     # Signals from here on stop the run at a step boundary: one before the first step is
     # carried by step 1, so all processes agree and a checkpoint is written.
     with _StopFlag() as stop:
-        if is_main:
-            make_out(cfg.out)
-        ds = _prepare_data(cfg, is_main)
-        trainer = build_trainer(cfg, layout=layout)
-        state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step)
-        ckpt = Checkpointer(cfg.out)  # after the restore, which may have moved damaged steps aside
+        # Process 0 holds out for the run's lifetime (gpt2common/outdir.py), from its first write;
+        # the checks run again under the lock, as another run may have started meanwhile.
+        lock = hold(cfg.out) if is_main else None
         try:
-            return _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, stop, is_main)
-        except jax.errors.JaxRuntimeError as e:
-            if jax.process_count() == 1:
-                raise
-            _lost_peer(e)
+            if is_main:
+                resume_step, restart = rundir.check_out_dir(cfg, _latest_step)
+            return _run_locked(cfg, layout, init_params, resume_step, restart, stop, is_main)
         finally:
-            ckpt.close()
+            if lock is not None:
+                lock.release()
+
+
+def _run_locked(cfg, layout, init_params, resume_step, restart, stop, is_main) -> int:
+    ds = _prepare_data(cfg, is_main)
+    trainer = build_trainer(cfg, layout=layout)
+    state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step)
+    ckpt = Checkpointer(cfg.out)  # after the restore, which may have moved damaged steps aside
+    try:
+        return _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, stop, is_main)
+    except jax.errors.JaxRuntimeError as e:
+        if jax.process_count() == 1:
+            raise
+        _lost_peer(e)
+    finally:
+        ckpt.close()
 
 
 def _lost_peer(e: Exception) -> None:
