@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in COMMANDS:
         _error_line(f"unknown command {cmd!r} (choose from {', '.join(COMMANDS)})")
         return 2
+    if not isinstance(sys.stdout, _ClosedStdoutIgnored):
+        sys.stdout = _ClosedStdoutIgnored(sys.stdout)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     xla_flags.apply_gpu_defaults()  # collective-overlap flags on GPU, before JAX starts
     host_memory.keep_freed_memory()  # no per-step page faults on XLA:CPU's buffers, before JAX starts
@@ -76,6 +78,37 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _error_line("interrupted")
         return 130
+
+
+class _ClosedStdoutIgnored:
+    """sys.stdout whose reader may go away (`jaxpar train ... | head`): the first write that finds
+    the pipe closed points fd 1 at /dev/null, so progress goes nowhere and the run goes on to its
+    checkpoint (a BrokenPipeError would end it, losing every step since the last one)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _closed(self) -> None:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, self._stream.fileno())
+        os.close(null)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._closed()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._closed()
+            self._stream.flush()  # what the pipe refused, now to /dev/null
+
+    def __getattr__(self, name):  # isatty, fileno, encoding, ...: the stream's own
+        return getattr(self._stream, name)
 
 
 def _error_line(msg: str) -> None:

@@ -208,11 +208,19 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
         logger.message(f"out={cfg.out} held a run that failed before its first checkpoint; starting it over")
     fault = _fault_injection()
 
+    saved = set()
+
     def save(step):
+        # A signal during a periodic checkpoint stops the run at the next step boundary, before
+        # another step ran: the stop path's save is then the one just written (orbax would raise
+        # StepAlreadyExistsError on a second save of it).
+        if step in saved:
+            return
         try:
             ckpt.save(step, state, {"step": step, "seed": cfg.seed, "nonfinite_skipped": skipped})
         except WriteFailed as e:
             raise WriteFailed(f"step {step}: {e}") from None
+        saved.add(step)
 
     def put(step):  # host gather + transfer of step `step`'s batch
         x, y = data_lib.train_batch(ds, tc.seq_len, tc.batch_size, cfg.seed, step)
