@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from gpt2common.grammar import load_yaml
 from gpt2common.outdir import make_out
 from jaxpar import cli
 from jaxpar import config as C
@@ -39,6 +40,35 @@ def test_non_finite_and_out_of_range_settings(args, msg):
 def test_config_flag_naming_a_directory_is_one_line(tmp_path, capsys):
     assert cli.main(["train", "--config", str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"error: config file {str(tmp_path)!r} is a directory\n"
+
+
+def _alias_bomb() -> str:
+    """Nine levels of nine aliases: 9**9 = 387,420,489 keys once flattened, in about 600 bytes."""
+    lines = ["l0: &l0 {" + ",".join(f"{k}: x" for k in "abcdefghi") + "}"]
+    lines += [f"l{n}: &l{n} {{" + ",".join(f"{k}: *l{n - 1}" for k in "abcdefghi") + "}" for n in range(1, 9)]
+    return "\n".join(lines) + "\nmodel: {n_layer: *l8}\n"
+
+
+@pytest.mark.parametrize("command", ["train", "mesh"])
+def test_config_input_is_bounded(tmp_path, capsys, command):
+    """An alias bomb and a mapping nested 800 deep are refused from the parser's events, before
+    anything is built: one line each, within a second (unbounded: gigabytes, or a RecursionError)."""
+    import time
+
+    bomb, deep = tmp_path / "bomb.yaml", tmp_path / "deep.yaml"
+    bomb.write_text(_alias_bomb())
+    assert len(bomb.read_bytes()) < 700
+    deep.write_text("a: " + "{a: " * 800 + "1" + "}" * 800 + "\n")
+    for path, msg in ((bomb, "uses a YAML alias (*l0 at line 2); config files take plain values only"),
+                      (deep, "nests deeper than 32 levels (line 1)")):
+        t0 = time.perf_counter()
+        assert cli.main([command, "--config", str(path), f"out={tmp_path / 'o'}"]) == 2
+        assert time.perf_counter() - t0 < 1.0
+        assert capsys.readouterr().err == f"error: config file {str(path)!r} {msg}\n"
+    assert not (tmp_path / "o").exists()
+    ok = tmp_path / "ok.yaml"  # an anchor without an alias, and the deepest real config: taken
+    ok.write_text("train: &t {steps: 3}\npipeline: {layers_per_stage: [1, 1]}\n")
+    assert load_yaml(str(ok)) == {"train.steps": 3, "pipeline.layers_per_stage": [1, 1]}
 
 
 def test_config_flag_forms(tmp_path, capsys):
