@@ -9,7 +9,8 @@ emulates mesh-size / N CPU devices. Example (4 devices as 2 processes × 2):
 
 Failure handling: if any child exits non-zero (or is killed), the others get SIGTERM and,
 after `grace` seconds, SIGKILL; the launcher exits with the failed child's code (128+signal
-for a signal). So a dead rank never leaves the rest hanging in a collective.
+for a signal). So a dead rank never leaves the rest hanging in a collective. The ranks die with
+the launcher (`die_with_parent`), so a killed launcher never leaves them training unwatched.
 """
 
 from __future__ import annotations
@@ -60,6 +61,31 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
     return kv, cmd
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent():
+    """A Popen `preexec_fn` that has the kernel SIGKILL the child when this process dies, by any
+    signal, kill -9 included (Linux prctl PR_SET_PDEATHSIG; kept across exec): otherwise ranks
+    whose launcher was killed go on training under init, and the next `resume=true` of their
+    run would be a second writer. SIGKILL, not SIGTERM: nobody is left to end a rank that a
+    SIGTERM does not stop (one waiting in a collective); orbax's temporary dirs keep the last
+    complete checkpoint intact. None (no hook) off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the hook runs between fork and exec
+    parent = os.getpid()
+
+    def hook():
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before the prctl: no signal will come
+            os._exit(128 + signal.SIGKILL)
+
+    return hook
+
+
 def _exit_code(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
@@ -91,7 +117,8 @@ def main(argv: list[str]) -> int:
     for rank in range(n):
         env = dict(os.environ, JAXPAR_COORDINATOR=f"127.0.0.1:{port}", JAXPAR_NUM_PROCESSES=str(n),
                    JAXPAR_PROCESS_ID=str(rank))
-        procs.append(subprocess.Popen([sys.executable, "-m", "jaxpar.cli", *cmd], env=env))
+        procs.append(subprocess.Popen([sys.executable, "-m", "jaxpar.cli", *cmd], env=env,
+                                      preexec_fn=die_with_parent()))
 
     def stop_all(sig=signal.SIGTERM):
         for p in procs:

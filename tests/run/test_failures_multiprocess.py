@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from support.cli_helpers import children, clean_env, kill_rank1_of_bare_pair, rank_of, wait_for_steps
@@ -82,3 +83,47 @@ def test_a_rank_that_loses_its_peer_exits_with_one_error_line(tmp_path):
     assert len(lines) == 1 and re.fullmatch(r"error: process 0 lost contact with its peers \(.+\); resume=true "
                                             r"continues from the last complete checkpoint", lines[0]), err[-3000:]
     assert elapsed < 30  # the failed collective, well inside the 10 s heartbeat + slack of a loaded host
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("when", ["starting", pytest.param("training", marks=pytest.mark.slow)])
+def test_ranks_die_with_a_killed_launcher(tmp_path, when):
+    """kill -9 of `jaxpar launch` (no chance to stop anyone): its ranks, just started or
+    training, are gone within 5 s (before: they trained on under init for as long as they ran);
+    every checkpoint step they leave is complete."""
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "jaxpar.cli", "launch", "nprocs=2", "--", *TRAIN,
+                          "train.ckpt_every=1", f"out={out}"], env=clean_env(), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    ranks = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(ranks) < 2:
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1][-2000:]
+            ranks = children(p.pid)
+            time.sleep(0.05)
+        if when == "training":
+            wait_for_steps(out, p, min_steps=2)
+        p.kill()
+        p.wait()
+        t0 = time.monotonic()
+        while any(_alive(r) for r in ranks) and time.monotonic() - t0 < 5:
+            time.sleep(0.05)
+        assert not [r for r in ranks if _alive(r)]
+    finally:
+        for r in ranks:
+            if _alive(r):
+                os.kill(r, signal.SIGKILL)
+        if p.poll() is None:
+            p.kill()
+    if when == "training":
+        steps = sorted(int(n) for n in os.listdir(out / "ckpt") if n.isdigit())
+        assert steps and all({"params", "opt_state", "meta"} <= set(os.listdir(out / "ckpt" / str(k))) for k in steps)
