@@ -63,7 +63,9 @@ def check_free(out: str) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise _refusal(out, _held_by(fd)) from None
+        pid = _held_by(fd)
+        if pid != str(os.getpid()):  # not this process re-checking the out it holds
+            raise _refusal(out, pid) from None
     finally:
         os.close(fd)
 

@@ -262,6 +262,11 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
             kw[k] = v
     if kw.get("coordinator_address"):
         kw.pop("cluster_detection_method", None)
+        # JAX's coordination service binds every interface ([::]) unless told otherwise: any host
+        # that reaches this one could join the job. It binds the address it is given (127.0.0.1
+        # under `jaxpar launch`); JAX_COORDINATOR_BIND_ADDRESS, JAX's own setting, still wins.
+        if "JAX_COORDINATOR_BIND_ADDRESS" not in env:
+            kw["coordinator_bind_address"] = kw["coordinator_address"]
     kw["initialization_timeout"] = int(timeout_s if timeout_s is not None else env.get(ENV_INIT_TIMEOUT, 120))
     kw["heartbeat_timeout_seconds"] = int(heartbeat_timeout_s if heartbeat_timeout_s is not None
                                           else env.get(ENV_HEARTBEAT_TIMEOUT, 30))

@@ -84,16 +84,16 @@ def test_detect_cluster(env, expect):
     # jaxpar launch: the coordinator and ranks from JAXPAR_*; defaults 120 s to join, 30 s heartbeat
     ({"JAXPAR_COORDINATOR": "127.0.0.1:5000", "JAXPAR_NUM_PROCESSES": "2", "JAXPAR_PROCESS_ID": "1",
       "JAXPAR_HEARTBEAT_TIMEOUT": "7"},
-     {"coordinator_address": "127.0.0.1:5000", "num_processes": 2, "process_id": 1, "initialization_timeout": 120,
-      "heartbeat_timeout_seconds": 7}),
+     {"coordinator_address": "127.0.0.1:5000", "coordinator_bind_address": "127.0.0.1:5000", "num_processes": 2,
+      "process_id": 1, "initialization_timeout": 120, "heartbeat_timeout_seconds": 7}),
     # mpiexec (mpich's Hydra): jax asks mpi4py for the ranks
     ({"PMI_SIZE": "2", "PMI_RANK": "0", "JAXPAR_INIT_TIMEOUT": "9"},
      {"cluster_detection_method": "mpi4py", "initialization_timeout": 9, "heartbeat_timeout_seconds": 30}),
     # jaxpar launch with the local devices named (one GPU per process on a multi-GPU host)
     ({"JAXPAR_COORDINATOR": "h:1", "JAXPAR_NUM_PROCESSES": "2", "JAXPAR_PROCESS_ID": "0",
       "JAXPAR_LOCAL_DEVICE_IDS": "2,3"},
-     {"coordinator_address": "h:1", "num_processes": 2, "process_id": 0, "local_device_ids": [2, 3],
-      "initialization_timeout": 120, "heartbeat_timeout_seconds": 30}),
+     {"coordinator_address": "h:1", "coordinator_bind_address": "h:1", "num_processes": 2, "process_id": 0,
+      "local_device_ids": [2, 3], "initialization_timeout": 120, "heartbeat_timeout_seconds": 30}),
     # srun: jax's own SLURM detection, nothing passed but the timeouts
     ({"SLURM_NTASKS": "4", "SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_PROCID": "3"},
      {"initialization_timeout": 120, "heartbeat_timeout_seconds": 30}),
@@ -125,8 +125,8 @@ def test_initialize_distributed_keeps_explicit_zeros(monkeypatch):
     monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: got.update(kw))
     monkeypatch.setattr(M, "_use_cpu_collectives", lambda: None)
     M.initialize_distributed(process_id=0, local_device_ids=[0], timeout_s=5, heartbeat_timeout_s=6)
-    assert got == {"coordinator_address": "h:1", "num_processes": 2, "process_id": 0, "local_device_ids": [0],
-                   "initialization_timeout": 5, "heartbeat_timeout_seconds": 6}
+    assert got == {"coordinator_address": "h:1", "coordinator_bind_address": "h:1", "num_processes": 2, "process_id": 0,
+                   "local_device_ids": [0], "initialization_timeout": 5, "heartbeat_timeout_seconds": 6}
 
 
 def test_emulate_devices_per_process(monkeypatch):

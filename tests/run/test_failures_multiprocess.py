@@ -17,7 +17,7 @@ import sys
 import time
 
 import pytest
-from support.cli_helpers import children, clean_env, kill_rank1_of_bare_pair, rank_of, wait_for_steps
+from support.cli_helpers import children, clean_env, kill_rank1_of_bare_pair, listening, rank_of, wait_for_steps
 
 TRAIN = ["train", "model=gpt2-tiny", "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "train.seq_len=16",
          "train.batch_size=2", "mesh.data=2", "train.steps=100000", "train.eval_every=0", "progress=plain"]
@@ -127,3 +127,27 @@ def test_ranks_die_with_a_killed_launcher(tmp_path, when):
     if when == "training":
         steps = sorted(int(n) for n in os.listdir(out / "ckpt") if n.isdigit())
         assert steps and all({"params", "opt_state", "meta"} <= set(os.listdir(out / "ckpt" / str(k))) for k in steps)
+
+
+def test_the_coordinator_listens_on_the_address_it_is_given(tmp_path):
+    """`jaxpar launch` gives its ranks 127.0.0.1:PORT: rank 0's coordination service listens
+    there and on no other interface (JAX's default binds [::], every interface)."""
+    from jaxpar.run.launch import free_port
+
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "jaxpar.cli", "launch", "nprocs=2", f"port={port}", "--", *TRAIN,
+                          f"out={tmp_path / 'run'}"], env=clean_env(), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, found = time.monotonic() + 120, set()
+        while not any(pt == port for _, pt in found):
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1][-2000:]
+            time.sleep(0.1)
+            kids = {rank_of(c): c for c in children(p.pid)}
+            if 0 in kids:
+                found = listening(kids[0])
+        assert {a for a, pt in found if pt == port} == {"127.0.0.1"}
+        assert {a for a, _ in found} == {"127.0.0.1"}, found
+    finally:
+        p.kill()  # its ranks die with it
+        p.wait()
