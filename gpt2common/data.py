@@ -42,7 +42,7 @@ def read_input(path: str) -> bytes:
                 raise ConfigError(f"input={path!r} is a folder with no .txt or .md files")
             raw = b"\n\n".join(f.read_bytes() for f in files)
         elif not p.is_file():
-            raise ConfigError(f"input={path!r} does not exist")
+            raise ConfigError(f"input={path!r} " + ("is not a regular file or folder" if p.exists() else "does not exist"))
         else:
             raw = p.read_bytes()
     except OSError as e:
@@ -67,9 +67,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return 256 if self._hf is None else self._hf.get_vocab_size()
 
-    def encode(self, text: str | bytes, source: str = "") -> np.ndarray:
+    def encode(self, text: str | bytes, source: str = "", label: str = "") -> np.ndarray:
         """Token ids of `text`; bytes go to the byte tokenizer untouched. A BPE tokenizer needs
-        text: bytes that are not UTF-8 become U+FFFD, with a warning naming how many."""
+        text: bytes that are not UTF-8 become U+FFFD, with a warning naming how many and where
+        they came from (`label`, else input=`source`)."""
         if self._hf is None:
             raw = text if isinstance(text, bytes) else text.encode("utf-8")
             return np.frombuffer(raw, dtype=np.uint8).astype(np.uint16)
@@ -79,7 +80,7 @@ class Tokenizer:
             except UnicodeDecodeError:
                 decoded = text.decode("utf-8", errors="replace")
                 bad = decoded.count("\ufffd") - text.decode("utf-8", errors="ignore").count("\ufffd")
-                sys.stderr.write(f"warning: input={source!r} is not valid UTF-8 ({bad} undecodable sequences "
+                sys.stderr.write(f"warning: {label or f'input={source!r}'} is not valid UTF-8 ({bad} undecodable sequences "
                                  f"replaced by U+FFFD); tokenizer=byte would keep the raw bytes\n")
                 text = decoded
         return np.asarray(self._hf.encode(text).ids, dtype=np.uint16)
@@ -199,7 +200,7 @@ def resolve_data(data: str, tokenizer: str, workdir: str, seq_len: int = 0, mode
 def load_tokens(path: str) -> np.ndarray:
     """uint16 memmap of a .bin file; errors name the file."""
     if not os.path.isfile(path):
-        raise ConfigError(f"data file {path!r} does not exist")
+        raise ConfigError(f"data file {path!r} " + ("is not a regular file" if os.path.exists(path) else "does not exist"))
     size = os.path.getsize(path)
     if size % 2:
         raise ConfigError(f"data file {path!r} is corrupt (odd size {size} bytes; expected uint16 tokens)")
@@ -262,6 +263,8 @@ def val_batch(ds: Dataset, seq_len: int, batch_size: int, seed: int, index: int)
 
 def eval_windows(tokens: np.ndarray, seq_len: int, max_windows: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Window k covers tokens [k*T, k*T+T]: inputs its first T, targets its last T."""
+    if max_windows < 0:
+        raise ConfigError(f"eval.windows={max_windows} must be >= 0 (0: every window that fits)")
     n = (len(tokens) - 1) // seq_len
     if max_windows:
         n = min(n, max_windows)

@@ -159,6 +159,8 @@ def validate(cfg: Config) -> Config:
     for name in ("steps", "batch_size", "seq_len", "grad_accum"):
         if getattr(t, name) <= 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be positive")
+    if t.steps >= 2**31:  # the state's step counter is int32
+        raise ConfigError(f"train.steps={t.steps} must be < 2**31")
     for name in ("eval_every", "ckpt_every", "warmup_steps", "eval_batches"):
         if getattr(t, name) < 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")

@@ -64,6 +64,9 @@ def prepare(argv: list[str]) -> int:
         raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))} (valid: input, out, tokenizer)")
     if "out" not in kv:
         raise ConfigError("prepare needs out=<dir>")
+    from gpt2common.outdir import check_writable
+
+    check_writable(kv["out"])
     held = [f for f in ("meta.json", "train.bin", "val.bin") if os.path.exists(os.path.join(kv["out"], f))]
     if held:  # a run may be reading it: replacing it silently would change that run's data
         raise ConfigError(f"out={kv['out']!r} already holds prepared data ({', '.join(held)}); "
@@ -150,6 +153,8 @@ def evaluate(argv: list[str]) -> int:
     _devices_for(cfg)
     import jax
 
+    cfg = _eval_batch(cfg, len(xs))
+
     from jaxpar.run import infer
     from jaxpar.run.evaluation import mean_loss
 
@@ -163,6 +168,22 @@ def evaluate(argv: list[str]) -> int:
     if jax.process_index() == 0:
         print(json.dumps({"loss": loss, "perplexity": math.exp(loss), "tokens": n}))
     return 0
+
+
+def _eval_batch(cfg: C.Config, windows: int) -> C.Config:
+    """eval pads its last batch to train.batch_size rows: a batch never has more rows than the
+    windows need, rounded up to a multiple of the rows the mesh takes (train.batch_size=100000
+    on 5 windows padded them to tens of gigabytes). Devices must be set up."""
+    import jax
+
+    from jaxpar.parallel.mesh import resolve_mesh_config
+
+    mc = resolve_mesh_config(cfg.mesh, jax.device_count())
+    rows = mc.data * mc.fsdp * (cfg.pipeline.microbatches if mc.pipe > 1 else 1)
+    need = -(-windows // rows) * rows
+    if cfg.train.batch_size <= need:
+        return cfg
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=need))
 
 
 SAMPLE_KEYS = ("checkpoint", "prompt", "max_new_tokens", "temperature", "top_k", "seed")

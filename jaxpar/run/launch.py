@@ -54,6 +54,8 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
     n = kv.get("nprocs", 0)
     if n < 1:
         raise ConfigError(f"launch: nprocs={n} must be >= 1")
+    if not 0 <= kv.get("port", 0) <= 65535:
+        raise ConfigError(f"launch: port={kv['port']} must be in 1..65535 (0 or none: a free one)")
     if not cmd:
         raise ConfigError("launch: no command after `--`")
     if cmd[0] == "launch":

@@ -90,10 +90,17 @@ def _fault_injection() -> tuple[int, int] | None:
     spec = os.environ.get("JAXPAR_FAULT_SIGNAL")
     if not spec:
         return None
-    name, step, *rank = spec.split("@")
-    if rank and int(rank[0]) != jax.process_index():
+    parts = spec.split("@")
+    try:
+        sig = getattr(signal, parts[0], None) if parts[0].startswith("SIG") else None
+        if len(parts) not in (2, 3) or not isinstance(sig, signal.Signals):
+            raise ValueError
+        step, rank = int(parts[1]), int(parts[2]) if len(parts) == 3 else None
+    except ValueError:
+        raise ConfigError(f"JAXPAR_FAULT_SIGNAL={spec!r} must be <SIGNAL>@<step>[@<rank>], e.g. SIGTERM@5") from None
+    if rank is not None and rank != jax.process_index():
         return None
-    return int(step), int(getattr(signal, name))
+    return step, int(sig)
 
 
 def _prepare_data(cfg: Config, is_main: bool) -> data_lib.Dataset:
@@ -111,6 +118,24 @@ def _prepare_data(cfg: Config, is_main: bool) -> data_lib.Dataset:
     return data_lib.Dataset.open(path, cfg.model.vocab_size, tc.seq_len)
 
 
+class _LrTable:
+    """lrs[i]: the learning rate of 0-based update i, computed LR_CHUNK steps at a time (one
+    compile): a table of every step would take 4 bytes per step (400 TB for 1e14 steps)."""
+
+    LR_CHUNK = 4096
+
+    def __init__(self, schedule):
+        self._fn = jax.jit(jax.vmap(schedule))
+        self._start, self._chunk = -1, None
+
+    def __getitem__(self, i: int) -> float:
+        start = i - i % self.LR_CHUNK
+        if start != self._start:
+            self._chunk = np.asarray(self._fn(jnp.arange(start, start + self.LR_CHUNK)))
+            self._start = start
+        return float(self._chunk[i - start])
+
+
 class NonFinite(Exception):
     """A step's loss or gradient norm was not finite (its update was not applied)."""
 
@@ -126,6 +151,7 @@ def nonfinite_message(n: int, loss: float, gnorm: float, out: str) -> str:
 
 def run_train(cfg: Config) -> int:
     cfg, layout, init_params = prepare_config(cfg)
+    _fault_injection()  # a malformed spec is refused before the run's first write
     resume_step, restart = rundir.check_out_dir(cfg, _latest_step)  # writes nothing
     is_main = jax.process_index() == 0
     # Signals from here on stop the run at a step boundary: one before the first step is
@@ -236,9 +262,9 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
 
         barrier("jaxpar:first-step")
 
-    # Host-side tables, so reading a step's metrics dispatches no JAX op: the lr of every step
-    # (one compile) and the two stop-flag arrays (inputs, not donated, so reused every step).
-    lrs = np.asarray(jax.jit(jax.vmap(trainer.schedule))(jnp.arange(tc.steps)))
+    # Host-side tables, so reading a step's metrics seldom dispatches a JAX op: the lr of each
+    # step (_LrTable) and the two stop-flag arrays (inputs, not donated, so reused every step).
+    lrs = _LrTable(trainer.schedule)
     flags = {False: trainer.put_flag(False), True: trainer.put_flag(True)}
     t_prev = time.perf_counter()
 

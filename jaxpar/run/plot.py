@@ -13,8 +13,15 @@ def plot_run(run: str, out: str | None = None) -> str:
     path = os.path.join(run, METRICS_FILE)
     if not os.path.isfile(path):
         raise ConfigError(f"run={run!r} has no {METRICS_FILE}")
+    with open(path, errors="replace") as f:
+        lines = [ln for ln in f if ln.strip()]
+    if lines and not lines[-1].endswith("\n"):
+        try:  # a last line without its newline: a write cut short by kill -9, unless it parses
+            json.loads(lines[-1])
+        except json.JSONDecodeError:
+            lines.pop()
     try:
-        recs = [json.loads(ln) for ln in open(path) if ln.strip()]
+        recs = [json.loads(ln) for ln in lines]
     except json.JSONDecodeError:
         raise ConfigError(f"{path!r} is corrupt") from None
     if not recs:

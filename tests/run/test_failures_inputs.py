@@ -1,0 +1,113 @@
+"""Inputs that used to end in a traceback, run out of memory or be taken silently, each now
+one `error:` line naming the key or file (exit 2, nothing written) or handled: a file where a
+folder belongs, a FIFO or device as data, a negative eval.windows, an out-of-range port, a
+malformed JAXPAR_FAULT_SIGNAL, train.steps past the step counter, a metrics file torn by kill -9.
+In-process, no training.
+
+Independent reference: the messages and values written down by hand."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gpt2common import data
+from jaxpar import cli
+from jaxpar import config as C
+from jaxpar.config import ConfigError
+from jaxpar.run import loop
+from jaxpar.run.plot import plot_run
+
+
+def one_line(capsys) -> str:
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    return err
+
+
+def test_prepare_out_naming_a_file(tmp_path, capsys):
+    f = tmp_path / "notes.txt"
+    f.write_text("keep")
+    assert cli.main(["prepare", f"out={f}"]) == 2
+    assert one_line(capsys) == f"error: out={str(f)!r} exists and is not a directory\n"
+    assert f.read_text() == "keep"
+
+
+def test_a_fifo_or_device_is_named_for_what_it_is(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError) as e:
+        data.read_input(str(fifo))
+    assert str(e.value) == f"input={str(fifo)!r} is not a regular file or folder"
+    with pytest.raises(ConfigError) as e:
+        data.load_tokens("/dev/null")
+    assert str(e.value) == "data file '/dev/null' is not a regular file"
+    with pytest.raises(ConfigError) as e:
+        data.load_tokens(str(tmp_path / "nope.bin"))
+    assert str(e.value) == f"data file {str(tmp_path / 'nope.bin')!r} does not exist"
+
+
+def test_negative_eval_windows_names_the_key():
+    with pytest.raises(ConfigError) as e:
+        data.eval_windows(np.arange(100, dtype=np.uint16), 16, -1)
+    assert str(e.value) == "eval.windows=-1 must be >= 0 (0: every window that fits)"
+    assert data.eval_windows(np.arange(100, dtype=np.uint16), 16, 2)[0].shape == (2, 16)
+
+
+@pytest.mark.parametrize("port,ok", [("99999", False), ("65536", False), ("-1", False), ("65535", True)])
+def test_launch_port_range(port, ok):
+    from jaxpar.run.launch import parse
+
+    if ok:
+        assert parse([f"port={port}", "nprocs=2", "--", "mesh"])[0]["port"] == int(port)
+        return
+    with pytest.raises(ConfigError) as e:
+        parse([f"port={port}", "nprocs=2", "--", "mesh"])
+    assert str(e.value) == f"launch: port={port} must be in 1..65535 (0 or none: a free one)"
+
+
+@pytest.mark.parametrize("spec", ["BOGUS", "SIGTERM@x", "SIGNOPE@2", "SIG_DFL@2", "SIGTERM@2@r", "SIGTERM@1@2@3"])
+def test_a_malformed_fault_spec_is_one_line_before_any_write(tmp_path, capsys, monkeypatch, spec):
+    monkeypatch.setenv("JAXPAR_FAULT_SIGNAL", spec)
+    out = tmp_path / "o"
+    assert cli.main(["train", "model=gpt2-tiny", "train.steps=1", f"out={out}"]) == 2
+    assert one_line(capsys) == (f"error: JAXPAR_FAULT_SIGNAL={spec!r} must be <SIGNAL>@<step>[@<rank>], "
+                                "e.g. SIGTERM@5\n")
+    assert not out.exists()
+    monkeypatch.setenv("JAXPAR_FAULT_SIGNAL", "SIGKILL@7@0")
+    assert loop._fault_injection() == (7, 9)
+
+
+def test_train_steps_past_the_step_counter_and_the_lr_table(monkeypatch):
+    """train.steps=1e14 passed validation, then asked for a 400 TB learning-rate table."""
+    with pytest.raises(ConfigError) as e:
+        C.resolve(["model=gpt2-tiny", "train.steps=100000000000000"])
+    assert str(e.value) == "train.steps=100000000000000 must be < 2**31"
+    assert C.resolve(["model=gpt2-tiny", f"train.steps={2**31 - 1}"]).train.steps == 2**31 - 1
+    from jaxpar.train import lr_schedule
+
+    tc = C.resolve(["model=gpt2-tiny", "train.steps=10", "train.warmup_steps=3"]).train
+    monkeypatch.setattr(loop._LrTable, "LR_CHUNK", 4)  # chunk edges at 4 and 8
+    order = (9, 0, 3, 4, 7, 8, 5)
+    a, b = loop._LrTable(lr_schedule(tc)), loop._LrTable(lr_schedule(tc))
+    got = {i: a[i] for i in order}
+    assert got == {i: b[i] for i in sorted(order)}  # bit for bit whatever the order (a resume reads from its step)
+    want = {i: float(lr_schedule(tc)(jnp.int32(i))) for i in order}  # the schedule one step at a time
+    assert all(abs(got[i] - want[i]) <= 4e-7 * want[i] for i in order), (got, want)  # fp32: an ulp or two
+
+
+def test_plot_drops_a_line_torn_by_kill_9(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    rec = {"step": 1, "loss": 5.0, "tokens_per_s": 10.0}
+    (run / "metrics.jsonl").write_text(json.dumps(rec) + "\n" + json.dumps({**rec, "step": 2})[:17])
+    assert plot_run(str(run)) == str(run / "curves.png")
+    assert (run / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    (run / "metrics.jsonl").write_text(json.dumps(rec)[:17] + "\n" + json.dumps(rec) + "\n")  # not the last: corrupt
+    with pytest.raises(ConfigError) as e:
+        plot_run(str(run))
+    assert str(e.value) == f"{str(run / 'metrics.jsonl')!r} is corrupt"
