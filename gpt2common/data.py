@@ -102,7 +102,14 @@ def load_gpt2_tokenizer_dir(path: str) -> Tokenizer:
     vocab, merges = os.path.join(path, "vocab.json"), os.path.join(path, "merges.txt")
     if not (os.path.isfile(vocab) and os.path.isfile(merges)):
         raise ConfigError(f"tokenizer={path!r} must hold vocab.json and merges.txt")
-    return Tokenizer("gpt2-dir", ByteLevelBPETokenizer(vocab, merges))
+    try:
+        return Tokenizer("gpt2-dir", ByteLevelBPETokenizer(vocab, merges))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on a malformed file
+        raise ConfigError(f"tokenizer={path!r}: vocab.json or merges.txt is corrupt ({_first_line(e)})") from None
+
+
+def _first_line(e: Exception) -> str:
+    return next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
 
 
 def make_tokenizer(spec: str, text: str | None = None) -> Tokenizer:
@@ -124,9 +131,17 @@ def load_tokenizer(prepared_dir: str) -> Tokenizer:
     meta = read_meta(prepared_dir)
     if meta["tokenizer"] == "byte":
         return Tokenizer("byte")
+    return Tokenizer(meta["tokenizer"], _saved_tokenizer(prepared_dir))
+
+
+def _saved_tokenizer(path: str):
+    """The HF tokenizer saved in a prepared dir (tokenizer.json), or a one-line ConfigError."""
     from tokenizers import Tokenizer as HFTokenizer
 
-    return Tokenizer(meta["tokenizer"], HFTokenizer.from_file(os.path.join(prepared_dir, "tokenizer.json")))
+    try:
+        return HFTokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on a malformed file
+        raise ConfigError(f"data={path!r}: tokenizer.json is corrupt ({_first_line(e)})") from None
 
 
 def prepare(text: str | bytes, out_dir: str, tokenizer: str = "byte", source: str = "", min_tokens: int = 0,
@@ -170,6 +185,17 @@ def read_meta(path: str, model_vocab: int | None = None) -> dict:
             raise ValueError
     except (OSError, ValueError, KeyError, TypeError):
         raise ConfigError(f"data={path!r}: meta.json is missing or corrupt") from None
+    # What a hand edit or a partial copy breaks: the tokenizer that made the ids, and its vocab.
+    kind, vocab = meta.get("tokenizer"), meta["vocab_size"]
+    if kind not in ("byte", "bpe", "gpt2-dir"):
+        raise ConfigError(f"data={path!r}: meta.json names no known tokenizer (tokenizer={kind!r}); prepare it again")
+    if kind != "byte" and not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        raise ConfigError(f"data={path!r}: meta.json names tokenizer={kind} but tokenizer.json is missing; "
+                          "prepare it again")
+    actual = 256 if kind == "byte" else _saved_tokenizer(path).get_vocab_size()
+    if vocab != actual:
+        raise ConfigError(f"data={path!r}: meta.json says vocab_size={vocab} but its tokenizer has {actual}; "
+                          "prepare it again")
     if model_vocab is not None and meta["vocab_size"] > model_vocab:
         raise ConfigError(f"data vocab_size={meta['vocab_size']} is larger than model.vocab_size={model_vocab}")
     return meta
@@ -209,6 +235,17 @@ def load_tokens(path: str) -> np.ndarray:
     return np.memmap(path, dtype="<u2", mode="r")
 
 
+def load_split(path: str, split: str, meta: dict) -> np.ndarray:
+    """`<split>.bin` of a prepared dir, as long as its meta.json says (a truncated or swapped
+    file would train on other tokens than were prepared, without a word)."""
+    arr = load_tokens(os.path.join(path, f"{split}.bin"))
+    want = meta.get(f"{split}_tokens")
+    if isinstance(want, int) and len(arr) != want:
+        raise ConfigError(f"{split}.bin in {path!r} has {len(arr)} tokens but meta.json says {want} "
+                          "(truncated or replaced); prepare it again")
+    return arr
+
+
 @dataclass(frozen=True)
 class Dataset:
     """Token ids of one prepared dir, with the model's vocab checked."""
@@ -221,7 +258,7 @@ class Dataset:
     @staticmethod
     def open(path: str, model_vocab: int, seq_len: int) -> Dataset:
         meta = read_meta(path, model_vocab)
-        train, val = load_tokens(os.path.join(path, "train.bin")), load_tokens(os.path.join(path, "val.bin"))
+        train, val = load_split(path, "train", meta), load_split(path, "val", meta)
         for name, arr in (("train.bin", train), ("val.bin", val)):
             if len(arr) < seq_len + 1:
                 raise ConfigError(f"{name} in {path!r} has {len(arr)} tokens, fewer than train.seq_len+1={seq_len + 1}")

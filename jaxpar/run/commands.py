@@ -141,8 +141,7 @@ def evaluate(argv: list[str]) -> int:
     base, hf_params = _inference_base(ckpt, hf_dir)
     cfg = C.resolve_kv(kv, path, base)
     if os.path.isdir(data_arg):
-        data_lib.read_meta(data_arg, cfg.model.vocab_size)
-        tokens = data_lib.load_tokens(os.path.join(data_arg, "val.bin"))
+        tokens = data_lib.load_split(data_arg, "val", data_lib.read_meta(data_arg, cfg.model.vocab_size))
     else:
         tokens = data_lib.load_tokens(data_arg)
     if int(tokens.max()) >= cfg.model.vocab_size:

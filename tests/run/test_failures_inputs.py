@@ -111,3 +111,64 @@ def test_plot_drops_a_line_torn_by_kill_9(tmp_path):
     with pytest.raises(ConfigError) as e:
         plot_run(str(run))
     assert str(e.value) == f"{str(run / 'metrics.jsonl')!r} is corrupt"
+
+
+TEXT = "the quick brown fox jumps over the lazy dog. " * 200
+
+
+@pytest.fixture
+def prepared(tmp_path):
+    """A byte-tokenized and a BPE-tokenized prepared dir: (byte dir, bpe dir)."""
+    data.prepare(TEXT, tmp_path / "byte", "byte")
+    data.prepare(TEXT, tmp_path / "bpe", "bpe")
+    return tmp_path / "byte", tmp_path / "bpe"
+
+
+def _edit_meta(d, **changes):
+    meta = json.loads((d / "meta.json").read_text())
+    meta.update(changes)
+    meta = {k: v for k, v in meta.items() if v is not None}
+    (d / "meta.json").write_text(json.dumps(meta))
+
+
+def _refused(fn, *args) -> str:
+    with pytest.raises(ConfigError) as e:
+        fn(*args)
+    return str(e.value)
+
+
+def test_a_prepared_dir_whose_meta_json_lies(prepared):
+    byte, bpe = prepared
+    bpe_vocab = json.loads((bpe / "meta.json").read_text())["vocab_size"]
+    _edit_meta(byte, tokenizer=None)
+    assert _refused(data.Dataset.open, str(byte), 256, 16) == (
+        f"data={str(byte)!r}: meta.json names no known tokenizer (tokenizer=None); prepare it again")
+    _edit_meta(byte, tokenizer="byte", vocab_size=300)
+    assert _refused(data.Dataset.open, str(byte), 512, 16) == (
+        f"data={str(byte)!r}: meta.json says vocab_size=300 but its tokenizer has 256; prepare it again")
+    _edit_meta(bpe, vocab_size=bpe_vocab - 1)
+    assert _refused(data.load_tokenizer, str(bpe)) == (
+        f"data={str(bpe)!r}: meta.json says vocab_size={bpe_vocab - 1} but its tokenizer has {bpe_vocab}; "
+        "prepare it again")
+    (bpe / "tokenizer.json").write_text("{broken")
+    assert _refused(data.load_tokenizer, str(bpe)).startswith(f"data={str(bpe)!r}: tokenizer.json is corrupt (")
+    (bpe / "tokenizer.json").unlink()
+    assert _refused(data.load_tokenizer, str(bpe)) == (
+        f"data={str(bpe)!r}: meta.json names tokenizer=bpe but tokenizer.json is missing; prepare it again")
+
+
+def test_a_truncated_split_is_refused(prepared):
+    byte, _ = prepared
+    n = json.loads((byte / "meta.json").read_text())["train_tokens"]
+    with open(byte / "train.bin", "r+b") as f:
+        f.truncate(2 * (n - 10))
+    assert _refused(data.Dataset.open, str(byte), 256, 16) == (
+        f"train.bin in {str(byte)!r} has {n - 10} tokens but meta.json says {n} (truncated or replaced); "
+        "prepare it again")
+
+
+def test_a_corrupt_gpt2_tokenizer_dir(tmp_path):
+    (tmp_path / "vocab.json").write_text("{not json")
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")
+    assert _refused(data.load_gpt2_tokenizer_dir, str(tmp_path)).startswith(
+        f"tokenizer={str(tmp_path)!r}: vocab.json or merges.txt is corrupt (")
