@@ -63,6 +63,8 @@ def parse_value(tp: Any, raw: Any, key: str) -> Any:
         if tp is float and not math.isfinite(v):  # nan/inf parse as floats but make no setting meaningful
             raise ConfigError(f"{key}={raw!r} is not a finite number")
         return v
+    if raw is None:  # YAML `key: ~` / `key:` (str(None) made `out: ~` train into a dir named None)
+        raise ConfigError(f"{key} is null in the config file; give it a value or leave it out")
     return str(raw)
 
 

@@ -265,6 +265,8 @@ def split_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:
                 raise ConfigError("--config needs a file path")
         elif a.startswith("--config="):
             path = a.split("=", 1)[1]
+            if not path:  # `--config=` (an unset shell variable): not a run on the defaults
+                raise ConfigError("--config needs a file path")
         else:
             out.append(a)
     return path, out

@@ -78,6 +78,21 @@ def test_config_flag_forms(tmp_path, capsys):
     assert C.split_config_flag(["--config=runs/lr=3e-4/c.yaml", "a=1"]) == ("runs/lr=3e-4/c.yaml", ["a=1"])
     assert cli.main(["train", "train.steps=0", "--config"]) == 2  # (steps=0: a run never starts, even on a bug)
     assert capsys.readouterr().err == "error: --config needs a file path\n"
+    assert cli.main(["train", "train.steps=0", "--config="]) == 2  # it trained on the defaults
+    assert capsys.readouterr().err == "error: --config needs a file path\n"
+    from torchref.cli import _split_config
+
+    with pytest.raises(ConfigError, match="^--config needs a file$"):
+        _split_config(["--config=", "strategy=single"])
+
+
+def test_a_yaml_null_is_refused_not_the_string_none(tmp_path, capsys):
+    """`out: ~` trained into a dir named 'None'; an Optional key still takes null."""
+    y = tmp_path / "c.yaml"
+    y.write_text("out: ~\n")
+    assert cli.main(["train", "--config", str(y), "train.steps=0"]) == 2
+    assert capsys.readouterr().err == "error: out is null in the config file; give it a value or leave it out\n"
+    assert not (tmp_path / "None").exists()
 
 
 @pytest.mark.parametrize("argv,line", [
@@ -140,9 +155,9 @@ REAL_POPEN = subprocess.Popen
 
 
 def _launch_fake_ranks(monkeypatch, acts: str, *opts) -> int:
-    def fake(args, env):
+    def fake(args, env, preexec_fn=None):
         assert args[1:3] == ["-m", "jaxpar.cli"]
-        return REAL_POPEN([args[0], "-c", RANK_SCRIPT], env={**env, "RANK_ACTS": acts})
+        return REAL_POPEN([args[0], "-c", RANK_SCRIPT], env={**env, "RANK_ACTS": acts}, preexec_fn=preexec_fn)
 
     monkeypatch.setattr(subprocess, "Popen", fake)
     return launch.main(["nprocs=2", *opts, "--", "sample"])
