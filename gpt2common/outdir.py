@@ -12,6 +12,10 @@ from gpt2common.grammar import ConfigError
 
 def check_writable(out: str, key: str = "out") -> None:
     """ConfigError unless `out` is (or can be created as) a writable directory. Writes nothing."""
+    try:  # argv holds undecodable bytes as surrogates; the checkpoint writer takes UTF-8 paths only
+        out.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{key}={out!r} is not valid UTF-8; choose a path that is") from None
     path = os.path.abspath(out)
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"{key}={out!r} exists and is not a directory")

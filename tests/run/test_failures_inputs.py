@@ -172,3 +172,11 @@ def test_a_corrupt_gpt2_tokenizer_dir(tmp_path):
     (tmp_path / "merges.txt").write_text("#version: 0.2\n")
     assert _refused(data.load_gpt2_tokenizer_dir, str(tmp_path)).startswith(
         f"tokenizer={str(tmp_path)!r}: vocab.json or merges.txt is corrupt (")
+
+
+def test_an_out_path_that_is_not_utf8(tmp_path, capsys):
+    """It passed every check, trained, then the first checkpoint failed with pages of tracebacks."""
+    out = os.path.join(str(tmp_path), "run\udcff")  # the byte 0xff, as argv carries it
+    assert cli.main(["train", "model=gpt2-tiny", "train.steps=1", f"out={out}"]) == 2
+    assert one_line(capsys) == f"error: out={out!r} is not valid UTF-8; choose a path that is\n"
+    assert os.listdir(tmp_path) == []
