@@ -27,6 +27,7 @@ from gpt2common.grammar import parse_kv
 from jaxpar.config import ConfigError
 
 KEYS = {"nprocs", "port", "grace"}
+MULTI_PROCESS = ("train", "inspect", "eval", "sample", "mesh")  # the commands that join a multi-process job
 SETTLE_S = 3.0  # after a rank fails, how long the others get to exit by themselves
 LOST_PEER_EXIT = 3  # a rank that cannot reach its peers (jaxpar.run.loop, jaxpar.parallel.mesh): a consequence, not a cause
 
@@ -35,6 +36,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def check_port_free(port: int) -> None:
+    """ConfigError when something already listens on `port` (rank 0's coordinator would die on
+    it with a segfault, exit 139, and no word about the port)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise ConfigError(f"launch: port={port} cannot be used ({e.strerror}); choose another "
+                              "or leave port= out for a free one") from None
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
@@ -58,8 +70,9 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
         raise ConfigError(f"launch: port={kv['port']} must be in 1..65535 (0 or none: a free one)")
     if not cmd:
         raise ConfigError("launch: no command after `--`")
-    if cmd[0] == "launch":
-        raise ConfigError("launch: the command cannot itself be `launch`")
+    if cmd[0] not in MULTI_PROCESS:  # `prepare` would race its ranks on one out; `launch`, a fork bomb
+        raise ConfigError(f"launch: {cmd[0]!r} does not run as several processes "
+                          f"(launch runs {', '.join(MULTI_PROCESS)})")
     return kv, cmd
 
 
@@ -114,6 +127,8 @@ def main(argv: list[str]) -> int:
     kv, cmd = parse(argv)
     n, grace = kv["nprocs"], kv.get("grace", 10)
     precheck(cmd, n)
+    if kv.get("port"):
+        check_port_free(kv["port"])
     port = kv.get("port") or free_port()
     procs: list[subprocess.Popen] = []
     for rank in range(n):

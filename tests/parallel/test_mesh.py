@@ -190,7 +190,10 @@ def test_a_failed_join_is_one_line_naming_the_first_line_of_the_cause(monkeypatc
     (["nprocs=0", "--", "train"], "launch: nprocs=0 must be >= 1"),
     (["procs=2", "--", "train"], "launch: unknown argument 'procs=2' (valid: nprocs=N, port=P, grace=SECONDS)"),
     (["nprocs=2", "--"], "launch: no command after `--`"),
-    (["nprocs=2", "--", "launch", "nprocs=2", "--", "mesh"], "launch: the command cannot itself be `launch`"),
+    (["nprocs=2", "--", "launch", "nprocs=2", "--", "mesh"], "launch: 'launch' does not run as several processes (launch runs train, inspect, eval, sample, mesh)"),
+    # prepare raced its ranks on one out; an unknown command printed one line per rank
+    (["nprocs=2", "--", "prepare", "out=x"], "launch: 'prepare' does not run as several processes (launch runs train, inspect, eval, sample, mesh)"),
+    (["nprocs=2", "--", "trian"], "launch: 'trian' does not run as several processes (launch runs train, inspect, eval, sample, mesh)"),
 ])
 def test_launch_argument_errors(argv, msg):
     with pytest.raises(ConfigError) as e:

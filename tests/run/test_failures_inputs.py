@@ -180,3 +180,16 @@ def test_an_out_path_that_is_not_utf8(tmp_path, capsys):
     assert cli.main(["train", "model=gpt2-tiny", "train.steps=1", f"out={out}"]) == 2
     assert one_line(capsys) == f"error: out={out!r} is not valid UTF-8; choose a path that is\n"
     assert os.listdir(tmp_path) == []
+
+
+def test_launch_on_a_port_in_use(capsys):
+    """Rank 0 died with exit 139 and no word about the port; now the launcher says so first."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert cli.main(["launch", "nprocs=2", f"port={port}", "--", "mesh", "mesh.data=2"]) == 2
+    assert one_line(capsys) == (f"error: launch: port={port} cannot be used (Address already in use); choose "
+                                "another or leave port= out for a free one\n")
