@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from gpt2common.grammar import ConfigError
-from gpt2common.model import ModelConfig
+from gpt2common.model import ModelConfig, check_shape
 
 Params = dict[str, Any]  # jaxpar's nested parameter dict (layout: jaxpar/models/gpt2.py's docstring)
 
@@ -61,8 +61,13 @@ def model_config_from_hf(path: str) -> ModelConfig:
         raise ConfigError(f"{path!r}: only GPT-2 with gelu_new and n_inner=4*n_embd is supported")
     # The HF dir's resid/embd/attn_pdrop (0.1 in OpenAI's GPT-2) is not inherited: dropout is a training
     # choice, the run's model.dropout (default 0), as nanoGPT's from_pretrained override does.
-    return ModelConfig(n_layer=c["n_layer"], n_embd=c["n_embd"], n_head=c["n_head"], vocab_size=c["vocab_size"],
-                       n_positions=c["n_positions"], layer_norm_epsilon=float(c.get("layer_norm_epsilon", 1e-5)))
+    mc = ModelConfig(n_layer=c["n_layer"], n_embd=c["n_embd"], n_head=c["n_head"], vocab_size=c["vocab_size"],
+                     n_positions=c["n_positions"], layer_norm_epsilon=float(c.get("layer_norm_epsilon", 1e-5)))
+    try:  # whole heads, ids that fit uint16: a reshape or an index error later otherwise
+        check_shape(mc)
+    except ConfigError as e:
+        raise ConfigError(f"{path!r}: config.json: {e}") from None
+    return mc
 
 
 def to_hf_state_dict(cfg: ModelConfig, params: Params) -> dict[str, np.ndarray]:
@@ -133,14 +138,18 @@ def load_hf(path: str) -> tuple[ModelConfig, Params]:
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
+    try:  # registers bfloat16 with numpy: transformers saves bf16 weights, numpy has no such dtype
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        pass
     cfg = model_config_from_hf(path)
     file = os.path.join(path, WEIGHTS)
     if not os.path.isfile(file):
         raise ConfigError(f"{path!r} has no {WEIGHTS}")
     try:
         sd = load_file(file)
-    except (SafetensorError, OSError, ValueError) as e:
-        raise ConfigError(f"{file!r} is corrupt ({str(e).splitlines()[0]})") from None
+    except (SafetensorError, OSError, ValueError, TypeError) as e:  # TypeError: a dtype numpy lacks
+        raise ConfigError(f"{file!r} is corrupt or of an unknown dtype ({str(e).splitlines()[0]})") from None
     return cfg, from_hf_state_dict(cfg, sd)
 
 

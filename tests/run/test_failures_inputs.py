@@ -193,3 +193,53 @@ def test_launch_on_a_port_in_use(capsys):
         assert cli.main(["launch", "nprocs=2", f"port={port}", "--", "mesh", "mesh.data=2"]) == 2
     assert one_line(capsys) == (f"error: launch: port={port} cannot be used (Address already in use); choose "
                                 "another or leave port= out for a free one\n")
+
+
+def _hf_dir(path, mc, dtype=None):
+    from safetensors.numpy import load_file, save_file
+
+    from gpt2common import hf
+    from jaxpar.models import gpt2
+
+    hf.save_hf(str(path), mc, gpt2.init_params(mc, 0))
+    if dtype is not None:  # as transformers' save_pretrained of a bf16 model writes it
+        sd = load_file(str(path / "model.safetensors"))
+        save_file({k: v.astype(dtype) for k, v in sd.items()}, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_an_hf_dir_with_bf16_weights(tmp_path):
+    """`eval hf=` read the weights before JAX (which registers numpy's bfloat16) was imported: a
+    TypeError traceback. Now the bf16 values load exactly, in a process without JAX too."""
+    import subprocess
+    import sys
+
+    import ml_dtypes
+    from support.cli_helpers import clean_env, run
+
+    from gpt2common import hf
+    from gpt2common.model import ModelConfig
+
+    mc = ModelConfig(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=32)
+    _hf_dir(tmp_path / "bf16", mc, ml_dtypes.bfloat16)
+    _, params = hf.load_hf(str(tmp_path / "bf16"))
+    w = params["wte"]["weight"]
+    assert w.dtype == np.float32 and np.array_equal(w, w.astype(ml_dtypes.bfloat16).astype(np.float32))
+    code = "import sys; from gpt2common import hf; hf.load_hf(sys.argv[1]); print('jax' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "bf16")], capture_output=True, text=True,
+                       env=clean_env())
+    assert (r.returncode, r.stdout) == (0, "False\n"), r.stderr
+    (tmp_path / "tokens.bin").write_bytes((np.arange(200) % 64).astype("<u2").tobytes())
+    r = run(["eval", f"hf={tmp_path / 'bf16'}", f"data={tmp_path / 'tokens.bin'}", "train.seq_len=16"], timeout=120)
+    assert r.returncode == 0 and json.loads(r.stdout)["tokens"] == 12 * 16, r.stderr
+
+
+def test_an_hf_config_without_whole_heads(tmp_path):
+    from gpt2common import hf
+    from gpt2common.model import ModelConfig
+
+    _hf_dir(tmp_path, ModelConfig(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=32))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "n_head": 3}))
+    with pytest.raises(ConfigError) as e:
+        hf.load_hf(str(tmp_path))
+    assert str(e.value) == f"{str(tmp_path)!r}: config.json: model.n_embd=16 is not divisible by model.n_head=3"
