@@ -124,13 +124,16 @@ def from_hf_state_dict(cfg: ModelConfig, sd: dict[str, np.ndarray]) -> Params:
 
 
 def save_hf(path: str, cfg: ModelConfig, params: Params) -> None:
-    """Write config.json + model.safetensors loadable by GPT2LMHeadModel.from_pretrained."""
-    from safetensors.numpy import save_file
+    """Write config.json + model.safetensors loadable by GPT2LMHeadModel.from_pretrained. Each
+    goes to a temporary file renamed into place: a full disk is WriteFailed naming the file
+    (safetensors' own save_file says "I/O error" without an errno) and leaves no torn file."""
+    from safetensors.numpy import save
+
+    from gpt2common.writes import write_atomic
 
     os.makedirs(path, exist_ok=True)
-    save_file(to_hf_state_dict(cfg, params), os.path.join(path, WEIGHTS), metadata={"format": "pt"})
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(hf_config_dict(cfg), f, indent=2)
+    write_atomic(os.path.join(path, WEIGHTS), save(to_hf_state_dict(cfg, params), metadata={"format": "pt"}))
+    write_atomic(os.path.join(path, "config.json"), json.dumps(hf_config_dict(cfg), indent=2))
 
 
 def load_hf(path: str) -> tuple[ModelConfig, Params]:

@@ -162,6 +162,15 @@ def test_torchref_initial_weights_that_cannot_be_written_are_one_error_line(tmp_
     assert os.listdir(out / "init") == []
 
 
+def test_an_export_that_cannot_be_written_is_one_error_line(two_step_run, tmp_path):
+    """`convert to_hf=`: safetensors' save_file raised its own error ("I/O error") past the CLI."""
+    hf_dir = tmp_path / "hf"
+    r = limited(["convert", f"checkpoint={two_step_run}", f"to_hf={hf_dir}"], 100_000)
+    assert r.returncode == 4, r.stderr[-3000:]
+    assert r.stderr == f"error: cannot write {hf_dir}/model.safetensors: File too large (errno 27)\n"
+    assert os.listdir(hf_dir) == []  # no half-written weights, no .tmp
+
+
 @pytest.mark.parametrize("strategy,workers,world", [("single", 1, 1), ("distributed-ps", 2, 2), ("horovod", 2, 2)])
 def test_a_torchref_rank_that_cannot_append_its_metrics_is_one_error_line(tmp_path, strategy, workers, world):
     """The write fails in a worker process mid-run, not in the launcher: rank 0 appends metrics.jsonl
