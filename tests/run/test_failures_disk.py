@@ -162,6 +162,40 @@ def test_torchref_initial_weights_that_cannot_be_written_are_one_error_line(tmp_
     assert os.listdir(out / "init") == []
 
 
+# Metrics records with 30 extra numbers: TensorBoard's events (one record per number) outgrow
+# metrics.jsonl, so when a metrics line is refused, TensorBoard's buffered events are refused too.
+_TB_FULL = """
+import os, resource, signal, sys
+from gpt2common.writes import WriteFailed
+from jaxpar.run.metrics import MetricsLogger
+out = sys.argv[1]
+log = MetricsLogger(out, 100, 0, progress="none")
+rec = lambda n: {"step": n, "loss": 1.0, "tokens_per_s": 1.0, "step_time_s": 1.0, "mfu": 0.1,
+                 **{f"k{i}": float(n * i) for i in range(30)}}
+for n in range(1, 21):
+    log.log(rec(n))
+limit = os.path.getsize(os.path.join(out, "metrics.jsonl")) + 100
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+try:
+    log.log(rec(21))
+except WriteFailed as e:
+    log.close()
+    print(e)
+"""
+
+
+def test_tensorboard_on_a_full_disk_adds_nothing_to_the_one_line(tmp_path):
+    """A real full disk: closing TensorBoard after the refused metrics line raised its own OSError
+    (reported as "cannot write a file", no step, no path) and two more tracebacks at exit, from
+    tensorboardX's atexit flush and its worker thread."""
+    r = subprocess.run([sys.executable, "-c", _TB_FULL, str(tmp_path)], capture_output=True, text=True,
+                       env=clean_env(), timeout=120)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == f"step 21: cannot write {tmp_path}/metrics.jsonl: File too large (errno 27)\n"
+    assert len(open(tmp_path / "metrics.jsonl").read().splitlines()) == 21  # 20 lines and the torn one
+
+
 def test_an_export_that_cannot_be_written_is_one_error_line(two_step_run, tmp_path):
     """`convert to_hf=`: safetensors' save_file raised its own error ("I/O error") past the CLI."""
     hf_dir = tmp_path / "hf"
