@@ -120,12 +120,11 @@ class MetricsLogger:
             self.bar.stop()
         tb_failed = None
         if self.tb is not None:
-            tb, self.tb = self.tb, None
             try:
                 with refused_write(self.tb_dir):  # the events still buffered are written now
-                    tb.close()
+                    self.tb.close()
             except WriteFailed as e:
-                _abandon(tb)
+                _abandon(self.tb)
                 tb_failed = e
         try:
             self.file.close()
