@@ -243,3 +243,20 @@ def test_an_hf_config_without_whole_heads(tmp_path):
     with pytest.raises(ConfigError) as e:
         hf.load_hf(str(tmp_path))
     assert str(e.value) == f"{str(tmp_path)!r}: config.json: model.n_embd=16 is not divisible by model.n_head=3"
+
+
+def test_plot_out_is_checked_before_drawing(tmp_path):
+    """out= naming a missing folder or a non-PNG file was a traceback; a folder got <folder>.png
+    while the command printed the folder's name."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0, "tokens_per_s": 10.0}) + "\n")
+    for out, msg in ((tmp_path / "nope" / "x.png", f"folder {str(tmp_path / 'nope')!r} does not exist"),
+                     (tmp_path / "x.txt", None)):
+        with pytest.raises(ConfigError) as e:
+            plot_run(str(run), str(out))
+        assert str(e.value) == (f"out={str(out)!r}: {msg}" if msg else f"out={str(out)!r} must name a .png file or a folder")
+    figs = tmp_path / "figs"
+    figs.mkdir()
+    assert plot_run(str(run), str(figs)) == str(figs / "curves.png")
+    assert sorted(os.listdir(tmp_path)) == ["figs", "run"] and os.listdir(figs) == ["curves.png"]
