@@ -280,17 +280,46 @@ def maybe_initialize_distributed() -> dict | None:
     a no-op for a plain single process. Called by the CLI before JAX touches devices."""
     import jax
 
-    if detect_cluster() is None:
+    det = detect_cluster()
+    if det is None:
         return None
     if jax.distributed.is_initialized():
         return None
     _library_stdout_to_devnull()
+    if det["method"] == "jaxpar":
+        _wait_for_coordinator(os.environ)
     try:
         return initialize_distributed()
     except Exception as e:  # e.g. a peer never started: a bounded, one-line failure
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"error: could not join the multi-process job ({msg})", file=sys.stderr)
         raise SystemExit(3) from None
+
+
+def _wait_for_coordinator(env) -> None:
+    """A process other than 0 waits (up to the join timeout) for process 0's coordinator to accept
+    connections. When nothing ever does (a JAXPAR_COORDINATOR left in the shell by another job),
+    JAX aborts with a C++ stack after its deadline; this is one line and exit 3 instead."""
+    import socket
+    import time
+
+    if env.get(ENV_PROCESS_ID, "0").strip() == "0":
+        return  # process 0 starts the coordinator itself
+    address = env[ENV_COORDINATOR]
+    host, _, port = address.rpartition(":")
+    timeout = float(env.get(ENV_INIT_TIMEOUT, 120))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                return
+        except (OSError, ValueError):
+            if time.monotonic() >= deadline:
+                print(f"error: could not join the multi-process job (nothing accepts connections at "
+                      f"{ENV_COORDINATOR}={address} after {timeout:g} s; is it left over from another job?)",
+                      file=sys.stderr)
+                raise SystemExit(3) from None
+            time.sleep(0.2)
 
 
 def _library_stdout_to_devnull() -> None:

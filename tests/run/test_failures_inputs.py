@@ -1,8 +1,8 @@
 """Inputs that used to end in a traceback, run out of memory or be taken silently, each now
 one `error:` line naming the key or file (exit 2, nothing written) or handled: a file where a
 folder belongs, a FIFO or device as data, a negative eval.windows, an out-of-range port, a
-malformed JAXPAR_FAULT_SIGNAL, train.steps past the step counter, a metrics file torn by kill -9.
-In-process, no training.
+malformed JAXPAR_FAULT_SIGNAL, train.steps past the step counter, a metrics file torn by kill -9,
+a stale JAXPAR_COORDINATOR. No training; in-process but for two CLI runs.
 
 Independent reference: the messages and values written down by hand."""
 
@@ -260,3 +260,26 @@ def test_plot_out_is_checked_before_drawing(tmp_path):
     figs.mkdir()
     assert plot_run(str(run), str(figs)) == str(figs / "curves.png")
     assert sorted(os.listdir(tmp_path)) == ["figs", "run"] and os.listdir(figs) == ["curves.png"]
+
+
+def test_a_stale_coordinator_is_one_line(tmp_path):
+    """JAXPAR_* left in the shell by another job: process 1 waited for a coordinator nobody runs,
+    then JAX aborted with a C++ stack (exit 134)."""
+    import subprocess
+    import sys
+    import time
+
+    from support.cli_helpers import clean_env
+
+    from jaxpar.run.launch import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    env = clean_env(JAXPAR_COORDINATOR=address, JAXPAR_NUM_PROCESSES="2", JAXPAR_PROCESS_ID="1",
+                    JAXPAR_INIT_TIMEOUT="2")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "jaxpar.cli", "mesh", "mesh.data=2"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert (r.returncode, r.stderr) == (3, f"error: could not join the multi-process job (nothing accepts "
+                                           f"connections at JAXPAR_COORDINATOR={address} after 2 s; is it left "
+                                           "over from another job?)\n")
+    assert time.monotonic() - t0 < 60
