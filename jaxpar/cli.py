@@ -17,7 +17,7 @@ from gpt2common import writes
 from gpt2common.grammar import one_line
 from gpt2common.writes import WriteFailed
 from jaxpar.config import ConfigError
-from jaxpar.run import host_memory, xla_flags
+from jaxpar.run import host_memory, launch, xla_flags
 
 USAGE = """usage: jaxpar <command> [--config FILE.yaml] [key=value ...]
 
@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0
+    launch.die_with_launcher()  # a rank of `jaxpar launch` ends with it
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
         _error_line(f"unknown command {cmd!r} (choose from {', '.join(COMMANDS)})")

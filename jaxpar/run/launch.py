@@ -10,7 +10,7 @@ emulates mesh-size / N CPU devices. Example (4 devices as 2 processes × 2):
 Failure handling: if any child exits non-zero (or is killed), the others get SIGTERM and,
 after `grace` seconds, SIGKILL; the launcher exits with the failed child's code (128+signal
 for a signal). So a dead rank never leaves the rest hanging in a collective. The ranks die with
-the launcher (`die_with_parent`), so a killed launcher never leaves them training unwatched.
+the launcher (`die_with_launcher`), so a killed launcher never leaves them training unwatched.
 """
 
 from __future__ import annotations
@@ -77,28 +77,25 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
 
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+ENV_LAUNCHER_PID = "JAXPAR_LAUNCHER_PID"  # set by `launch` in each rank's environment
 
 
-def die_with_parent():
-    """A Popen `preexec_fn` that has the kernel SIGKILL the child when this process dies, by any
-    signal, kill -9 included (Linux prctl PR_SET_PDEATHSIG; kept across exec): otherwise ranks
-    whose launcher was killed go on training under init, and the next `resume=true` of their
-    run would be a second writer. SIGKILL, not SIGTERM: nobody is left to end a rank that a
-    SIGTERM does not stop (one waiting in a collective); orbax's temporary dirs keep the last
-    complete checkpoint intact. None (no hook) off Linux."""
-    if not sys.platform.startswith("linux"):
-        return None
+def die_with_launcher(env=os.environ) -> None:
+    """In a rank started by `launch` (the CLI calls this first): have the kernel SIGKILL this
+    process when the launcher dies, by any signal, kill -9 included (Linux prctl
+    PR_SET_PDEATHSIG). Otherwise ranks whose launcher was killed go on training under init, and
+    the next `resume=true` of their run is a second writer. SIGKILL, not SIGTERM: nobody is left
+    to end a rank that a SIGTERM does not stop (one waiting in a collective); orbax's temporary
+    dirs keep the last complete checkpoint intact. Set at startup, not in a preexec_fn (Python
+    run between fork and exec); a launcher already gone by then ends the rank at once."""
+    launcher = env.pop(ENV_LAUNCHER_PID, None)  # not for the rank's own children
+    if not launcher or not sys.platform.startswith("linux"):
+        return
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the hook runs between fork and exec
-    parent = os.getpid()
-
-    def hook():
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the launcher died before the prctl: no signal will come
-            os._exit(128 + signal.SIGKILL)
-
-    return hook
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if str(os.getppid()) != launcher:  # the launcher died before the prctl: no signal will come
+        os._exit(128 + signal.SIGKILL)
 
 
 def _exit_code(rc: int) -> int:
@@ -133,9 +130,8 @@ def main(argv: list[str]) -> int:
     procs: list[subprocess.Popen] = []
     for rank in range(n):
         env = dict(os.environ, JAXPAR_COORDINATOR=f"127.0.0.1:{port}", JAXPAR_NUM_PROCESSES=str(n),
-                   JAXPAR_PROCESS_ID=str(rank))
-        procs.append(subprocess.Popen([sys.executable, "-m", "jaxpar.cli", *cmd], env=env,
-                                      preexec_fn=die_with_parent()))
+                   JAXPAR_PROCESS_ID=str(rank), **{ENV_LAUNCHER_PID: str(os.getpid())})
+        procs.append(subprocess.Popen([sys.executable, "-m", "jaxpar.cli", *cmd], env=env))
 
     def stop_all(sig=signal.SIGTERM):
         for p in procs:

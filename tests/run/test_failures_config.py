@@ -155,9 +155,9 @@ REAL_POPEN = subprocess.Popen
 
 
 def _launch_fake_ranks(monkeypatch, acts: str, *opts) -> int:
-    def fake(args, env, preexec_fn=None):
+    def fake(args, env):
         assert args[1:3] == ["-m", "jaxpar.cli"]
-        return REAL_POPEN([args[0], "-c", RANK_SCRIPT], env={**env, "RANK_ACTS": acts}, preexec_fn=preexec_fn)
+        return REAL_POPEN([args[0], "-c", RANK_SCRIPT], env={**env, "RANK_ACTS": acts})
 
     monkeypatch.setattr(subprocess, "Popen", fake)
     return launch.main(["nprocs=2", *opts, "--", "sample"])
