@@ -89,6 +89,10 @@ class _ClosedStdoutIgnored:
     def __init__(self, stream):
         self._stream = stream
 
+    def retarget(self, stream) -> None:
+        """Guard `stream` from now on (a process joining a job moves its stdout to a new fd)."""
+        self._stream = stream
+
     def _closed(self) -> None:
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, self._stream.fileno())

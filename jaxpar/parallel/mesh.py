@@ -333,7 +333,11 @@ def _library_stdout_to_devnull() -> None:
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.close(null)
-    sys.stdout = os.fdopen(out, "w", buffering=1, encoding=sys.stdout.encoding, errors=sys.stdout.errors)
+    stream = os.fdopen(out, "w", buffering=1, encoding=sys.stdout.encoding, errors=sys.stdout.errors)
+    if hasattr(sys.stdout, "retarget"):  # the CLI's closed-pipe guard (jaxpar.cli) keeps guarding
+        sys.stdout.retarget(stream)
+    else:
+        sys.stdout = stream
 
 
 def setup_devices(mc: MeshConfig) -> None:

@@ -288,3 +288,25 @@ def test_a_joined_process_keeps_library_prints_off_its_stdout():
     assert r.returncode == 0, r.stderr
     assert r.stdout == '{"loss": 1.0}\n'
     assert "[Gloo]" not in r.stderr  # a lost peer's failure stays one stderr line
+
+
+def test_a_joined_process_survives_a_closed_stdout():
+    """`jaxpar launch ... | head`: a joined process's stdout is a new fd (see above), still
+    guarded: once the reader is gone, prints go nowhere and the process goes on (exit 0)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, jaxpar.parallel.mesh as M\n"
+            "from jaxpar.cli import _ClosedStdoutIgnored\n"
+            "sys.stdout = _ClosedStdoutIgnored(sys.stdout)\n"
+            "M.detect_cluster = lambda env=None: {'method': 'jaxpar'}\n"
+            "M.initialize_distributed = lambda: {}\n"
+            "M.maybe_initialize_distributed()\n"
+            "sys.stdin.readline()\n"  # the reader has closed its end by now
+            "for i in range(100): print('step', i, flush=True)\n"
+            "sys.stderr.write('finished\\n')\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    p.stdout.close()
+    _, err = p.communicate("go\n", timeout=120)
+    assert (p.returncode, err) == (0, "finished\n")
