@@ -6,6 +6,7 @@ input (run dir, model, mesh, data) happens before the first byte is written.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -156,32 +157,33 @@ def run_train(cfg: Config) -> int:
     is_main = jax.process_index() == 0
     # Signals from here on stop the run at a step boundary: one before the first step is
     # carried by step 1, so all processes agree and a checkpoint is written.
-    with _StopFlag() as stop:
-        # Process 0 holds out for the run's lifetime (gpt2common/outdir.py), from its first write;
-        # the checks run again under the lock, as another run may have started meanwhile.
-        lock = hold(cfg.out) if is_main else None
+    with _StopFlag() as stop, _holding_out(cfg.out, is_main):
+        if is_main:  # again under the lock: another run may have started meanwhile
+            resume_step, restart = rundir.check_out_dir(cfg, _latest_step)
+        ds = _prepare_data(cfg, is_main)
+        trainer = build_trainer(cfg, layout=layout)
+        state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step)
+        ckpt = Checkpointer(cfg.out)  # after the restore, which may have moved damaged steps aside
         try:
-            if is_main:
-                resume_step, restart = rundir.check_out_dir(cfg, _latest_step)
-            return _run_locked(cfg, layout, init_params, resume_step, restart, stop, is_main)
+            return _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, stop, is_main)
+        except jax.errors.JaxRuntimeError as e:
+            if jax.process_count() == 1:
+                raise
+            _lost_peer(e)
         finally:
-            if lock is not None:
-                lock.release()
+            ckpt.close()
 
 
-def _run_locked(cfg, layout, init_params, resume_step, restart, stop, is_main) -> int:
-    ds = _prepare_data(cfg, is_main)
-    trainer = build_trainer(cfg, layout=layout)
-    state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step)
-    ckpt = Checkpointer(cfg.out)  # after the restore, which may have moved damaged steps aside
+@contextlib.contextmanager
+def _holding_out(out: str, is_main: bool):
+    """Process 0 holds `out` for the run's lifetime (gpt2common/outdir.py), from its first write
+    (creating it) until the run ends, however it ends."""
+    lock = hold(out) if is_main else None
     try:
-        return _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, stop, is_main)
-    except jax.errors.JaxRuntimeError as e:
-        if jax.process_count() == 1:
-            raise
-        _lost_peer(e)
+        yield
     finally:
-        ckpt.close()
+        if lock is not None:
+            lock.release()
 
 
 def _lost_peer(e: Exception) -> None:
