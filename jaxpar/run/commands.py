@@ -213,21 +213,26 @@ def convert(argv: list[str]) -> int:
     from gpt2common.outdir import check_writable
 
     if set(kv) == {"hf", "out"}:
+        from gpt2common.outdir import check_free, entries, hold
         from jaxpar.run.checkpoint import Checkpointer
 
         check_writable(kv["out"], "out")
-        if os.path.isdir(kv["out"]) and os.listdir(kv["out"]):
+        check_free(kv["out"])  # a run that just took it writes there next
+        if os.path.isdir(kv["out"]) and entries(kv["out"]):  # a killed run's stale lock file is nothing
             raise ConfigError(f"out={kv['out']!r} is not empty")
         mc, params = hf.load_hf(kv["hf"])
         # a model with fewer positions than the default window gets a window it can run (sample, eval)
         train = C.TrainConfig(seq_len=min(C.TrainConfig.seq_len, mc.n_positions))
         cfg = C.Config(model=mc, model_name=f"hf:{kv['hf']}", init=kv["hf"], out=kv["out"], train=train)
-        os.makedirs(kv["out"], exist_ok=True)
-        with open(os.path.join(kv["out"], "config.json"), "w") as f:
-            f.write(C.dumps(cfg))
-        ck = Checkpointer(kv["out"])
-        ck.save(0, {"params": params}, {"step": 0, "seed": cfg.seed, "source": kv["hf"]})
-        ck.close()
+        lock = hold(kv["out"])  # a writer like train: one at a time
+        try:
+            with open(os.path.join(kv["out"], "config.json"), "w") as f:
+                f.write(C.dumps(cfg))
+            ck = Checkpointer(kv["out"])
+            ck.save(0, {"params": params}, {"step": 0, "seed": cfg.seed, "source": kv["hf"]})
+            ck.close()
+        finally:
+            lock.release()
         print(f"converted {kv['hf']} -> {kv['out']} ({mc.num_params():,} params)")
         return 0
     if set(kv) == {"checkpoint", "to_hf"}:

@@ -62,6 +62,23 @@ def test_a_held_out_refuses_a_second_jaxpar_writer(held, argv):
     assert snapshot(out) == before
 
 
+def test_a_held_out_refuses_convert_hf(held, tmp_path):
+    """`convert hf= out=` writes a run dir too: into an out a run has just taken (nothing but the
+    lock written yet), refused like a second train."""
+    from gpt2common import hf
+    from gpt2common.model import ModelConfig
+    from jaxpar.models import gpt2
+
+    out, holder = held
+    for name in ("config.json", "metrics.jsonl"):
+        (out / name).unlink()
+    mc = ModelConfig(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=32)
+    hf.save_hf(str(tmp_path / "hf"), mc, gpt2.init_params(mc, 0))
+    r = run(["convert", f"hf={tmp_path / 'hf'}", f"out={out}"], timeout=60)
+    assert (r.returncode, r.stderr) == (2, refusal(out, holder.pid) + "\n")
+    assert [p.name for p in out.iterdir()] == [LOCK_FILE]
+
+
 def test_a_held_out_refuses_torchref_train(held):
     out, holder = held
     (out / "config.json").unlink()  # a torchref run's leftovers: otherwise refused as foreign, not as held
@@ -90,6 +107,25 @@ def test_a_dead_holders_lock_is_stale(held):
     r = run(["train", *TINY, "resume=true", f"out={out}"], timeout=60)
     assert r.stderr == f"error: resume=true but out={str(out)!r} holds no complete checkpoint (start it over " \
                        "without resume=true)\n"
+
+
+def test_a_dir_holding_only_a_stale_lock_counts_as_empty(tmp_path, capsys):
+    """kill -9 before a run's first write but after its lock: the dir is a fresh run's, not the
+    leftovers of a failed one, and `convert hf=` may write into it."""
+    from gpt2common import hf
+    from gpt2common.model import ModelConfig
+    from jaxpar import cli
+    from jaxpar.models import gpt2
+    from jaxpar.run.rundir import check_out_dir
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_FILE).write_text("123\n")  # no live holder
+    assert check_out_dir(C.resolve([*TINY, f"out={out}"]), lambda _: None) == (None, False)
+    mc = ModelConfig(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=32)
+    hf.save_hf(str(tmp_path / "hf"), mc, gpt2.init_params(mc, 0))
+    assert cli.main(["convert", f"hf={tmp_path / 'hf'}", f"out={out}"]) == 0, capsys.readouterr().err
+    assert (out / "config.json").exists() and (out / "ckpt" / "0").is_dir()
 
 
 def _state(pid: int) -> str:
