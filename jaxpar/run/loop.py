@@ -166,8 +166,8 @@ def run_train(cfg: Config) -> int:
         ckpt = Checkpointer(cfg.out)  # after the restore, which may have moved damaged steps aside
         try:
             return _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, stop, is_main)
-        except jax.errors.JaxRuntimeError as e:
-            if jax.process_count() == 1:
+        except (jax.errors.JaxRuntimeError, ValueError) as e:
+            if jax.process_count() == 1 or not _peer_lost(e):
                 raise
             _lost_peer(e)
         finally:
@@ -184,6 +184,13 @@ def _holding_out(out: str, is_main: bool):
     finally:
         if lock is not None:
             lock.release()
+
+
+def _peer_lost(e: Exception) -> bool:
+    """A failed collective (JaxRuntimeError), or gloo's failure inside a checkpoint save: orbax
+    syncs the processes with an all-gather, whose `Connection reset by peer` reaches us as a
+    ValueError (a 40-line traceback before)."""
+    return isinstance(e, jax.errors.JaxRuntimeError) or "Gloo" in str(e)
 
 
 def _lost_peer(e: Exception) -> None:
