@@ -36,7 +36,7 @@ def train(argv: list[str], dry_run: bool = False) -> int:
     from jaxpar.run.rundir import resolve_train
 
     path, rest = split_config_flag(argv)
-    cfg = resolve_train(parse_kv(rest), path)  # resume=true: the run's own config.json + these keys
+    cfg = resolve_train(parse_kv(rest), path, writer=not dry_run)  # resume=true: its config.json + these keys
     if cfg.plan:
         from jaxpar.planner.apply import apply_plan  # noqa: PLC0415
 

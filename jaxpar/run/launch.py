@@ -113,7 +113,7 @@ def precheck(cmd: list[str], n: int) -> None:
     from jaxpar.run.rundir import resolve_train
 
     path, rest = split_config_flag(cmd[1:])
-    cfg = C.resolve(rest, path) if cmd[0] == "mesh" else resolve_train(parse_kv(rest), path)
+    cfg = C.resolve(rest, path) if cmd[0] == "mesh" else resolve_train(parse_kv(rest), path, cmd[0] == "train")
     sizes = dataclasses.asdict(cfg.mesh)
     if -1 not in sizes.values() and mesh_size(cfg.mesh) % n:
         shown = "×".join(f"{k}={v}" for k, v in sizes.items())

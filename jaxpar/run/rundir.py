@@ -78,15 +78,17 @@ def read_run_config(out: str) -> Config:
         raise ConfigError(f"resume=true but {path!r} is corrupt") from None
 
 
-def resolve_train(kv: dict, config_file: str | None) -> Config:
+def resolve_train(kv: dict, config_file: str | None, writer: bool = True) -> Config:
     """`jaxpar train` settings. With resume=true the run's own config.json is the base and only
-    the keys given (YAML, then key=value) are applied; keys that change shapes or data are refused."""
+    the keys given (YAML, then key=value) are applied; keys that change shapes or data are refused.
+    A `writer` (train, not inspect or dry_run=true) is refused an out that a live run holds."""
     given = {**(load_yaml(config_file) if config_file else {}), **kv}
     resume = parse_value(bool, given.get("resume", False), "resume")
     out = str(given.get("out", Config().out))
     # Before anything else reads the run: a live run's config and checkpoints are its own. Every
     # process of a job checks here, before joining the job, so before process 0 takes the lock.
-    check_free(out)
+    if writer and not parse_value(bool, given.get("dry_run", False), "dry_run"):
+        check_free(out)
     if not resume:
         return C.resolve_kv(kv, config_file)
     saved = read_run_config(out)

@@ -79,6 +79,22 @@ def test_a_held_out_refuses_convert_hf(held, tmp_path):
     assert [p.name for p in out.iterdir()] == [LOCK_FILE]
 
 
+def test_inspect_of_a_held_out_still_works(held):
+    """inspect (train dry_run=true) writes nothing into out: not a writer, not refused."""
+    from gpt2common.grammar import parse_kv
+    from jaxpar.run.rundir import resolve_train
+
+    out, holder = held
+    before = snapshot(out)
+    r = run(["inspect", *TINY, "train.steps=2", f"out={out}"], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert snapshot(out) == before
+    kv = parse_kv([*TINY, f"out={out}"])
+    assert resolve_train({**kv, "dry_run": "true"}, None).dry_run
+    with pytest.raises(ConfigError, match=rf"\(pid {holder.pid}\)"):
+        resolve_train(kv, None)
+
+
 def test_a_held_out_refuses_torchref_train(held):
     out, holder = held
     (out / "config.json").unlink()  # a torchref run's leftovers: otherwise refused as foreign, not as held
