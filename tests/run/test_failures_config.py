@@ -49,17 +49,41 @@ def _alias_bomb() -> str:
     return "\n".join(lines) + "\nmodel: {n_layer: *l8}\n"
 
 
-@pytest.mark.parametrize("command", ["train", "mesh"])
-def test_config_input_is_bounded(tmp_path, capsys, command):
-    """An alias bomb and a mapping nested 800 deep are refused from the parser's events, before
-    anything is built: one line each, within a second (unbounded: gigabytes, or a RecursionError)."""
+# The bomb runs in a process limited to 4 GB of address space: should the guard regress, it dies
+# of a MemoryError within seconds instead of taking the host's memory.
+_LIMITED_CLI = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)); "
+                "os.execv(sys.executable, [sys.executable, '-m', 'jaxpar.cli', *sys.argv[1:]])")
+
+
+def test_an_alias_bomb_is_one_line_within_seconds(tmp_path):
+    import sys
     import time
 
-    bomb, deep = tmp_path / "bomb.yaml", tmp_path / "deep.yaml"
+    from support.cli_helpers import clean_env
+
+    bomb = tmp_path / "bomb.yaml"
     bomb.write_text(_alias_bomb())
     assert len(bomb.read_bytes()) < 700
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", _LIMITED_CLI, "train", "--config", str(bomb), f"out={tmp_path / 'o'}"],
+                       capture_output=True, text=True, timeout=60, env=clean_env())
+    assert (r.returncode, r.stderr) == (2, f"error: config file {str(bomb)!r} uses a YAML alias (*l0 at line 2); "
+                                           "config files take plain values only\n")
+    assert time.monotonic() - t0 < 10  # the interpreter's start included
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "mesh"])
+def test_config_input_is_bounded(tmp_path, capsys, command):
+    """An alias and a mapping nested 800 deep are refused from the parser's events, before
+    anything is built: one line each, within a second (unbounded: an alias bomb takes gigabytes,
+    deep nesting is a RecursionError)."""
+    import time
+
+    alias, deep = tmp_path / "alias.yaml", tmp_path / "deep.yaml"
+    alias.write_text("train: &t {steps: 3}\neval: {windows: 1}\nmodel: {n_layer: 2}\npipeline: *t\n")
     deep.write_text("a: " + "{a: " * 800 + "1" + "}" * 800 + "\n")
-    for path, msg in ((bomb, "uses a YAML alias (*l0 at line 2); config files take plain values only"),
+    for path, msg in ((alias, "uses a YAML alias (*t at line 4); config files take plain values only"),
                       (deep, "nests deeper than 32 levels (line 1)")):
         t0 = time.perf_counter()
         assert cli.main([command, "--config", str(path), f"out={tmp_path / 'o'}"]) == 2
