@@ -1,7 +1,8 @@
 """One writer per run dir: a run holds `<out>/.lock` (flock) for its lifetime; a second
-`jaxpar train`, a `resume=true`, a `jaxpar launch` of either and a `torchref train` into a held
-out are refused with one line naming the holder's pid, exit 2, nothing touched; the lock is
-stale once its holder dies; readers (eval, plot) work on a running run.
+`jaxpar train`, a `resume=true`, a `jaxpar launch` of either, a `convert hf=` and a `torchref
+train` into a held out are refused with one line naming the holder's pid, exit 2, nothing
+touched; the lock is stale once its holder dies; readers (eval; inspect, which writes nothing)
+work on a held out.
 
 Independent reference: the holder's pid from the test's own Popen, file contents snapshotted by
 hand before and after."""
