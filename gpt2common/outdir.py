@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
 
 from gpt2common.grammar import ConfigError
 
@@ -70,6 +71,8 @@ def check_free(out: str) -> None:
         pid = _held_by(fd)
         if pid != str(os.getpid()):  # not this process re-checking the out it holds
             raise _refusal(out, pid) from None
+    except OSError:  # a filesystem without flock (some network mounts): `hold` warns
+        pass
     finally:
         os.close(fd)
 
@@ -117,6 +120,10 @@ def hold(out: str) -> OutLock:
             pid = _held_by(fd)
             os.close(fd)
             raise _refusal(out, pid) from None
+        except OSError as e:  # ENOLCK / EOPNOTSUPP: the run goes on, unguarded, and says so
+            sys.stderr.write(f"warning: out={out!r} cannot be locked ({e.strerror}); a second run into it "
+                             "would not be detected\n")
+            break
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:

@@ -176,3 +176,22 @@ def test_a_running_run_holds_its_out_and_readers_still_work(tmp_path):
             p.kill()
     assert [json.loads(ln)["step"] for ln in open(out / "metrics.jsonl")] == [1, 2, 3]
     assert sorted(os.listdir(out / "ckpt")) == ["2", "3"] and not (out / LOCK_FILE).exists()
+
+
+def test_a_filesystem_without_locks_warns_and_goes_on(tmp_path, monkeypatch, capsys):
+    """Some network mounts refuse flock (ENOLCK): a warning, not a refusal of every run there."""
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    out = tmp_path / "run"
+    lock = hold(str(out))
+    check_free(str(out))
+    assert capsys.readouterr().err == (f"warning: out={str(out)!r} cannot be locked (No locks available); a "
+                                       "second run into it would not be detected\n")
+    assert (out / LOCK_FILE).read_text() == f"{os.getpid()}\n"
+    lock.release()
+    assert not out.exists()  # created by hold, left empty: removed
