@@ -43,7 +43,7 @@ def read_input(path: str, key: str = "input") -> bytes:
                 raise ConfigError(f"{key}={path!r} is a folder with no .txt or .md files")
             raw = b"\n\n".join(f.read_bytes() for f in files)
         elif not p.is_file():
-            raise ConfigError(f"{key}={path!r} does not exist")
+            raise ConfigError(f"{key}={path!r} " + ("is not a regular file or folder" if p.exists() else "does not exist"))
         else:
             raw = p.read_bytes()
     except OSError as e:
@@ -68,9 +68,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return 256 if self._hf is None else self._hf.get_vocab_size()
 
-    def encode(self, text: str | bytes, source: str = "") -> np.ndarray:
+    def encode(self, text: str | bytes, source: str = "", label: str = "") -> np.ndarray:
         """Token ids of `text`; bytes go to the byte tokenizer untouched. A BPE tokenizer needs
-        text: bytes that are not UTF-8 become U+FFFD, with a warning naming how many."""
+        text: bytes that are not UTF-8 become U+FFFD, with a warning naming how many and where
+        they came from (`label`, else input=`source`)."""
         if self._hf is None:
             raw = text if isinstance(text, bytes) else text.encode("utf-8")
             return np.frombuffer(raw, dtype=np.uint8).astype(np.uint16)
@@ -80,7 +81,7 @@ class Tokenizer:
             except UnicodeDecodeError:
                 decoded = text.decode("utf-8", errors="replace")
                 bad = decoded.count("\ufffd") - text.decode("utf-8", errors="ignore").count("\ufffd")
-                sys.stderr.write(f"warning: input={source!r} is not valid UTF-8 ({bad} undecodable sequences "
+                sys.stderr.write(f"warning: {label or f'input={source!r}'} is not valid UTF-8 ({bad} undecodable sequences "
                                  f"replaced by U+FFFD); tokenizer=byte would keep the raw bytes\n")
                 text = decoded
         return np.asarray(self._hf.encode(text).ids, dtype=np.uint16)
@@ -102,7 +103,14 @@ def load_gpt2_tokenizer_dir(path: str) -> Tokenizer:
     vocab, merges = os.path.join(path, "vocab.json"), os.path.join(path, "merges.txt")
     if not (os.path.isfile(vocab) and os.path.isfile(merges)):
         raise ConfigError(f"tokenizer={path!r} must hold vocab.json and merges.txt")
-    return Tokenizer("gpt2-dir", ByteLevelBPETokenizer(vocab, merges))
+    try:
+        return Tokenizer("gpt2-dir", ByteLevelBPETokenizer(vocab, merges))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on a malformed file
+        raise ConfigError(f"tokenizer={path!r}: vocab.json or merges.txt is corrupt ({_first_line(e)})") from None
+
+
+def _first_line(e: Exception) -> str:
+    return next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
 
 
 def make_tokenizer(spec: str, text: str | None = None) -> Tokenizer:
@@ -124,9 +132,17 @@ def load_tokenizer(prepared_dir: str) -> Tokenizer:
     meta = read_meta(prepared_dir)
     if meta["tokenizer"] == "byte":
         return Tokenizer("byte")
+    return Tokenizer(meta["tokenizer"], _saved_tokenizer(prepared_dir))
+
+
+def _saved_tokenizer(path: str):
+    """The HF tokenizer saved in a prepared dir (tokenizer.json), or a one-line ConfigError."""
     from tokenizers import Tokenizer as HFTokenizer
 
-    return Tokenizer(meta["tokenizer"], HFTokenizer.from_file(os.path.join(prepared_dir, "tokenizer.json")))
+    try:
+        return HFTokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on a malformed file
+        raise ConfigError(f"data={path!r}: tokenizer.json is corrupt ({_first_line(e)})") from None
 
 
 def prepare(text: str | bytes, out_dir: str, tokenizer: str = "byte", source: str = "", min_tokens: int = 0,
@@ -172,6 +188,17 @@ def read_meta(path: str, model_vocab: int | None = None) -> dict:
             raise ValueError
     except (OSError, ValueError, KeyError, TypeError):
         raise ConfigError(f"data={path!r}: meta.json is missing or corrupt") from None
+    # What a hand edit or a partial copy breaks: the tokenizer that made the ids, and its vocab.
+    kind, vocab = meta.get("tokenizer"), meta["vocab_size"]
+    if kind not in ("byte", "bpe", "gpt2-dir"):
+        raise ConfigError(f"data={path!r}: meta.json names no known tokenizer (tokenizer={kind!r}); prepare it again")
+    if kind != "byte" and not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        raise ConfigError(f"data={path!r}: meta.json names tokenizer={kind} but tokenizer.json is missing; "
+                          "prepare it again")
+    actual = 256 if kind == "byte" else _saved_tokenizer(path).get_vocab_size()
+    if vocab != actual:
+        raise ConfigError(f"data={path!r}: meta.json says vocab_size={vocab} but its tokenizer has {actual}; "
+                          "prepare it again")
     if model_vocab is not None and meta["vocab_size"] > model_vocab:
         raise ConfigError(f"data vocab_size={meta['vocab_size']} is larger than model.vocab_size={model_vocab}")
     return meta
@@ -202,13 +229,24 @@ def resolve_data(data: str, tokenizer: str, workdir: str, seq_len: int = 0, mode
 def load_tokens(path: str) -> np.ndarray:
     """uint16 memmap of a .bin file; errors name the file."""
     if not os.path.isfile(path):
-        raise ConfigError(f"data file {path!r} does not exist")
+        raise ConfigError(f"data file {path!r} " + ("is not a regular file" if os.path.exists(path) else "does not exist"))
     size = os.path.getsize(path)
     if size % 2:
         raise ConfigError(f"data file {path!r} is corrupt (odd size {size} bytes; expected uint16 tokens)")
     if size == 0:
         raise ConfigError(f"data file {path!r} is empty")
     return np.memmap(path, dtype="<u2", mode="r")
+
+
+def load_split(path: str, split: str, meta: dict) -> np.ndarray:
+    """`<split>.bin` of a prepared dir, as long as its meta.json says (a truncated or swapped
+    file would train on other tokens than were prepared, without a word)."""
+    arr = load_tokens(os.path.join(path, f"{split}.bin"))
+    want = meta.get(f"{split}_tokens")
+    if isinstance(want, int) and len(arr) != want:
+        raise ConfigError(f"{split}.bin in {path!r} has {len(arr)} tokens but meta.json says {want} "
+                          "(truncated or replaced); prepare it again")
+    return arr
 
 
 @dataclass(frozen=True)
@@ -223,7 +261,7 @@ class Dataset:
     @staticmethod
     def open(path: str, model_vocab: int, seq_len: int) -> Dataset:
         meta = read_meta(path, model_vocab)
-        train, val = load_tokens(os.path.join(path, "train.bin")), load_tokens(os.path.join(path, "val.bin"))
+        train, val = load_split(path, "train", meta), load_split(path, "val", meta)
         for name, arr in (("train.bin", train), ("val.bin", val)):
             if len(arr) < seq_len + 1:
                 raise ConfigError(f"{name} in {path!r} has {len(arr)} tokens, fewer than train.seq_len+1={seq_len + 1}")
@@ -265,6 +303,8 @@ def val_batch(ds: Dataset, seq_len: int, batch_size: int, seed: int, index: int)
 
 def eval_windows(tokens: np.ndarray, seq_len: int, max_windows: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Window k covers tokens [k*T, k*T+T]: inputs its first T, targets its last T."""
+    if max_windows < 0:
+        raise ConfigError(f"eval.windows={max_windows} must be >= 0 (0: every window that fits)")
     n = (len(tokens) - 1) // seq_len
     if max_windows:
         n = min(n, max_windows)

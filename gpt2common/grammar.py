@@ -69,6 +69,8 @@ def parse_value(tp: Any, raw: Any, key: str) -> Any:
         if tp is float and not math.isfinite(v):  # nan/inf parse as floats but make no setting meaningful
             raise ConfigError(f"{key}={raw!r} is not a finite number")
         return v
+    if raw is None:  # YAML `key: ~` / `key:` (str(None) made `out: ~` train into a dir named None)
+        raise ConfigError(f"{key} is null in the config file; give it a value or leave it out")
     return str(raw)
 
 
@@ -107,13 +109,39 @@ def parse_kv(args: list[str]) -> dict[str, str]:
     return out
 
 
+YAML_MAX_DEPTH = 32  # the deepest config is a list in a section (3); more is no config at all
+
+
+def _check_bounded(path: str, events) -> None:
+    """Refuse, from the parser's event stream (flat, no recursion, nothing built yet), what would
+    make loading unbounded: an alias (a few hundred bytes of `&a`/`*a` nest into hundreds of
+    millions of keys once flattened) and nesting past YAML_MAX_DEPTH (PyYAML builds nodes
+    recursively: a RecursionError)."""
+    import yaml
+
+    depth = 0
+    for ev in events:
+        if isinstance(ev, yaml.AliasEvent):
+            raise ConfigError(f"config file {path!r} uses a YAML alias (*{ev.anchor} at line {ev.start_mark.line + 1}); "
+                              "config files take plain values only")
+        if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > YAML_MAX_DEPTH:
+                raise ConfigError(f"config file {path!r} nests deeper than {YAML_MAX_DEPTH} levels "
+                                  f"(line {ev.start_mark.line + 1})")
+        elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
 def load_yaml(path: str) -> dict[str, Any]:
     """`--config FILE.yaml` -> flat {dotted key: value}; every failure is one ConfigError line."""
     import yaml
 
     try:
         with open(path) as f:
-            doc = yaml.safe_load(f) or {}
+            text = f.read()
+        _check_bounded(path, yaml.parse(text))
+        doc = yaml.safe_load(text) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} does not exist") from None
     except IsADirectoryError:

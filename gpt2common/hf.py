@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from gpt2common.grammar import ConfigError, naming_key
-from gpt2common.model import ModelConfig
+from gpt2common.model import ModelConfig, check_shape
 
 Params = dict[str, Any]  # jaxpar's nested parameter dict (layout: jaxpar/models/gpt2.py's docstring)
 
@@ -61,8 +61,13 @@ def model_config_from_hf(path: str) -> ModelConfig:
         raise ConfigError(f"{path!r}: only GPT-2 with gelu_new and n_inner=4*n_embd is supported")
     # The HF dir's resid/embd/attn_pdrop (0.1 in OpenAI's GPT-2) is not inherited: dropout is a training
     # choice, the run's model.dropout (default 0), as nanoGPT's from_pretrained override does.
-    return ModelConfig(n_layer=c["n_layer"], n_embd=c["n_embd"], n_head=c["n_head"], vocab_size=c["vocab_size"],
-                       n_positions=c["n_positions"], layer_norm_epsilon=float(c.get("layer_norm_epsilon", 1e-5)))
+    mc = ModelConfig(n_layer=c["n_layer"], n_embd=c["n_embd"], n_head=c["n_head"], vocab_size=c["vocab_size"],
+                     n_positions=c["n_positions"], layer_norm_epsilon=float(c.get("layer_norm_epsilon", 1e-5)))
+    try:  # whole heads, ids that fit uint16: a reshape or an index error later otherwise
+        check_shape(mc)
+    except ConfigError as e:
+        raise ConfigError(f"{path!r}: config.json: {e}") from None
+    return mc
 
 
 def to_hf_state_dict(cfg: ModelConfig, params: Params) -> dict[str, np.ndarray]:
@@ -127,29 +132,20 @@ def generation_config_dict(cfg: ModelConfig, temperature: float, top_k: int, max
             "max_new_tokens": max_new_tokens}
 
 
-def file_mode() -> int:
-    """The mode a new file gets under this process's umask (0o644 under the usual 022): what
-    transformers' save_pretrained produces. safetensors' save_file creates 0o600 files whatever
-    the umask, unreadable by the group that shares an export."""
-    try:
-        with open("/proc/self/status") as f:
-            umask = next(int(ln.split()[1], 8) for ln in f if ln.startswith("Umask:"))
-    except (OSError, StopIteration, ValueError):  # not Linux: read it the portable way
-        umask = os.umask(0o022)
-        os.umask(umask)
-    return 0o666 & ~umask
-
-
 def save_hf(path: str, cfg: ModelConfig, params: Params) -> None:
-    """Write config.json + model.safetensors loadable by GPT2LMHeadModel.from_pretrained."""
-    from safetensors.numpy import save_file
+    """Write config.json + model.safetensors loadable by GPT2LMHeadModel.from_pretrained. Each
+    goes to a temporary file renamed into place: a full disk is WriteFailed naming the file
+    (safetensors' own save_file says "I/O error" without an errno) and leaves no torn file."""
+    from safetensors.numpy import save
+
+    from gpt2common.writes import write_atomic
 
     os.makedirs(path, exist_ok=True)
+    # written through open(): the umask's mode, as transformers' save_pretrained (safetensors'
+    # save_file would create 0o600 files, unreadable by the group sharing an export)
     weights = os.path.join(path, WEIGHTS)
-    save_file(to_hf_state_dict(cfg, params), weights, metadata={"format": "pt"})
-    os.chmod(weights, file_mode())
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(hf_config_dict(cfg), f, indent=2)
+    write_atomic(weights, save(to_hf_state_dict(cfg, params), metadata={"format": "pt"}))
+    write_atomic(os.path.join(path, "config.json"), json.dumps(hf_config_dict(cfg), indent=2))
 
 
 def load_hf(path: str, key: str = "") -> tuple[ModelConfig, Params]:
@@ -163,14 +159,18 @@ def load_hf(path: str, key: str = "") -> tuple[ModelConfig, Params]:
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
+    try:  # registers bfloat16 with numpy: transformers saves bf16 weights, numpy has no such dtype
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        pass
     cfg = model_config_from_hf(path)
     file = os.path.join(path, WEIGHTS)
     if not os.path.isfile(file):
         raise ConfigError(f"{path!r} has no {WEIGHTS}")
     try:
         sd = load_file(file)
-    except (SafetensorError, OSError, ValueError) as e:
-        raise ConfigError(f"{file!r} is corrupt ({str(e).splitlines()[0]})") from None
+    except (SafetensorError, OSError, ValueError, TypeError) as e:  # TypeError: a dtype numpy lacks
+        raise ConfigError(f"{file!r} is corrupt or of an unknown dtype ({str(e).splitlines()[0]})") from None
     return cfg, from_hf_state_dict(cfg, sd)
 
 

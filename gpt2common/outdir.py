@@ -1,15 +1,22 @@
-"""The checks any run makes on `out=` before its first byte, and that first write; shared by
-`jaxpar train` (jaxpar/run/rundir.py adds its own resume rules) and `torchref train`."""
+"""The checks any run makes on `out=` before its first byte, that first write, and the lock a
+run holds on its out for its lifetime; shared by `jaxpar train` (jaxpar/run/rundir.py adds its
+own resume rules) and `torchref train`."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import sys
 
 from gpt2common.grammar import ConfigError
 
 
 def check_writable(out: str, key: str = "out") -> None:
     """ConfigError unless `out` is (or can be created as) a writable directory. Writes nothing."""
+    try:  # argv holds undecodable bytes as surrogates; the checkpoint writer takes UTF-8 paths only
+        out.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{key}={out!r} is not valid UTF-8; choose a path that is") from None
     path = os.path.abspath(out)
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"{key}={out!r} exists and is not a directory")
@@ -28,3 +35,107 @@ def make_out(out: str) -> None:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"out={out!r} cannot be created ({e.strerror})") from None
+
+
+# ----------------------------------------------------------------------------- one writer per out
+# A run holds an advisory lock (flock) on `<out>/.lock` from before its first write until it
+# exits: a second writer (train, resume, torchref train) is refused instead of interleaving its
+# checkpoints and metrics with the first's. The kernel drops the lock when the holder dies
+# (kill -9 included), so a stale lock file never blocks anyone; readers (eval, sample, plot,
+# convert checkpoint=) never look at it.
+
+LOCK_FILE = ".lock"
+
+
+def _held_by(fd: int) -> str:
+    """The holder's pid as it wrote it into the lock file ('unknown' while it has not yet)."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    pid = os.read(fd, 32).decode("ascii", "replace").strip()
+    return pid if pid.isdigit() else "unknown"
+
+
+def _refusal(out: str, pid: str) -> ConfigError:
+    return ConfigError(f"out={out!r} is in use by a running process (pid {pid}); wait for it to finish, "
+                       "stop it, or choose another out")
+
+
+def check_free(out: str) -> None:
+    """ConfigError naming the holder's pid when a live process holds `out`. Writes nothing."""
+    try:
+        fd = os.open(os.path.join(out, LOCK_FILE), os.O_RDONLY)
+    except OSError:  # no lock file (or no out): nobody holds it
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = _held_by(fd)
+        if pid != str(os.getpid()):  # not this process re-checking the out it holds
+            raise _refusal(out, pid) from None
+    except OSError:  # a filesystem without flock (some network mounts): `hold` warns
+        pass
+    finally:
+        os.close(fd)
+
+
+class OutLock:
+    """The lock of one run on its out dir; `release` (or process exit) gives it up."""
+
+    def __init__(self, out: str, fd: int, path: str, created: bool):
+        self.out, self.fd, self.path, self.created = out, fd, path, created
+
+    def release(self) -> None:
+        """Remove the lock file, then unlock: whoever opens the path afterwards gets a new file
+        (see `hold`), so a clean exit leaves no trace in out; an out this run created and left
+        empty (it failed on its inputs) is removed too."""
+        if self.fd < 0:
+            return
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = -1
+        if self.created:
+            try:
+                os.rmdir(self.out)  # only if empty
+            except OSError:
+                pass
+
+
+def hold(out: str) -> OutLock:
+    """Create `out` if needed (the run's first write) and take its lock, or raise ConfigError
+    naming the holder. The lock file is unlinked on release, so a lock taken on a file that was
+    unlinked meanwhile is worthless: the inode is compared with the path's and the take retried."""
+    created = not os.path.isdir(out)
+    make_out(out)
+    path = os.path.join(out, LOCK_FILE)
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConfigError(f"out={out!r}: cannot create its lock file ({e.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _held_by(fd)
+            os.close(fd)
+            raise _refusal(out, pid) from None
+        except OSError as e:  # ENOLCK / EOPNOTSUPP: the run goes on, unguarded, and says so
+            sys.stderr.write(f"warning: out={out!r} cannot be locked ({e.strerror}); a second run into it "
+                             "would not be detected\n")
+            break
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return OutLock(out, fd, path, created)
+
+
+def entries(out: str) -> list[str]:
+    """What `out` holds besides a lock file (a stale one is left by a run that was killed)."""
+    return [e for e in os.listdir(out) if e != LOCK_FILE]

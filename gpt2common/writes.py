@@ -97,6 +97,7 @@ def silence_orphaned_writes() -> None:
     error ("Task exception was never retrieved") and interpreter shutdown reports the coroutines
     it destroys. They repeat the one error already reported; drop them for the rest of the process."""
     logging.getLogger("asyncio").disabled = True
+    drop_closed_loop_reports()
     prev = sys.unraisablehook
 
     def hook(u):
@@ -107,3 +108,26 @@ def silence_orphaned_writes() -> None:
         prev(u)
 
     sys.unraisablehook = hook
+
+
+_CLOSED_LOOP = "Event loop is closed"
+
+
+def drop_closed_loop_reports() -> None:
+    """When one write of a checkpoint fails, orbax closes the save's event loop while the step's
+    other tensorstore writes are still in flight; each one's completion callback then reports
+    `RuntimeError: Event loop is closed` as unraisable, a traceback apiece (dozens on a real full
+    disk, all before the save raises). Nothing else raises it: dropped for the whole process,
+    installed before a save (idempotent)."""
+    if getattr(sys.unraisablehook, "drops_closed_loop", False):
+        return
+    prev = sys.unraisablehook
+
+    def hook(u):
+        if u.exc_type is RuntimeError and str(u.exc_value) == _CLOSED_LOOP:
+            return
+        prev(u)
+
+    hook.drops_closed_loop = True
+    sys.unraisablehook = hook
+

@@ -18,7 +18,7 @@ from gpt2common.grammar import one_line
 from gpt2common.writes import WriteFailed
 from jaxpar.config import ConfigError
 from jaxpar.run import help as help_text
-from jaxpar.run import host_memory, xla_flags
+from jaxpar.run import host_memory, launch, xla_flags
 
 USAGE = help_text.usage()
 
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0
+    launch.die_with_launcher()  # a rank of `jaxpar launch` ends with it
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
         _error_line(f"unknown command {cmd!r} (choose from {', '.join(COMMANDS)})")
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in own):
         print(help_text.command_help(cmd))
         return 0
+    if not isinstance(sys.stdout, _ClosedStdoutIgnored):
+        sys.stdout = _ClosedStdoutIgnored(sys.stdout)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     xla_flags.apply_gpu_defaults()  # collective-overlap flags on GPU, before JAX starts
     host_memory.keep_freed_memory()  # no per-step page faults on XLA:CPU's buffers, before JAX starts
@@ -68,6 +71,41 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _error_line("interrupted")
         return 130
+
+
+class _ClosedStdoutIgnored:
+    """sys.stdout whose reader may go away (`jaxpar train ... | head`): the first write that finds
+    the pipe closed points fd 1 at /dev/null, so progress goes nowhere and the run goes on to its
+    checkpoint (a BrokenPipeError would end it, losing every step since the last one)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def retarget(self, stream) -> None:
+        """Guard `stream` from now on (a process joining a job moves its stdout to a new fd)."""
+        self._stream = stream
+
+    def _closed(self) -> None:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, self._stream.fileno())
+        os.close(null)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._closed()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._closed()
+            self._stream.flush()  # what the pipe refused, now to /dev/null
+
+    def __getattr__(self, name):  # isatty, fileno, encoding, ...: the stream's own
+        return getattr(self._stream, name)
 
 
 def _error_line(msg: str) -> None:

@@ -184,6 +184,8 @@ def validate(cfg: Config) -> Config:
     for name in ("steps", "batch_size", "seq_len", "grad_accum"):
         if getattr(t, name) <= 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be positive")
+    if t.steps >= 2**31:  # the state's step counter is int32
+        raise ConfigError(f"train.steps={t.steps} must be < 2**31")
     for name in ("eval_every", "ckpt_every", "ckpt_minutes", "warmup_steps", "eval_batches"):
         if getattr(t, name) < 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")
@@ -303,6 +305,8 @@ def split_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:
                 raise ConfigError("--config needs a file path")
         elif a.startswith("--config="):
             path = a.split("=", 1)[1]
+            if not path:  # `--config=` (an unset shell variable): not a run on the defaults
+                raise ConfigError("--config needs a file path")
         else:
             out.append(a)
     return path, out

@@ -33,6 +33,8 @@ def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
             continue
         if a.startswith("--config="):
             cfg_file = a.split("=", 1)[1]
+            if not cfg_file:  # `--config=` (an unset shell variable): not a run on the defaults
+                raise ConfigError("--config needs a file")
         else:
             rest.append(a)
         i += 1

@@ -61,15 +61,16 @@ RUN_ENTRIES = {"metrics.jsonl", "summary.json", "job.json", "config.json", "proc
 def check_out(out: Path) -> None:
     """A run goes into a missing or empty dir, or over a torchref run that did not finish (no
     summary.json); a finished run or a foreign dir is refused, never overwritten. Writes nothing."""
-    from gpt2common.outdir import check_writable
+    from gpt2common.outdir import LOCK_FILE, check_free, check_writable
 
     check_writable(str(out))
+    check_free(str(out))
     if not out.is_dir():
         return
     if (out / "summary.json").exists():
         raise ConfigError(f"out={str(out)!r} holds a finished torchref run (summary.json); choose another out")
     foreign = sorted(e.name for e in out.iterdir()
-                     if e.name not in RUN_ENTRIES and not e.name.startswith("grads_step"))
+                     if e.name not in RUN_ENTRIES | {LOCK_FILE} and not e.name.startswith("grads_step"))
     if foreign:
         raise ConfigError(f"out={str(out)!r} is not empty and not a torchref run dir (holds {', '.join(foreign[:3])}); "
                           "choose another out")
@@ -223,12 +224,19 @@ def train(cfg: RunConfig, ref: RefConfig) -> dict:
         raise ConfigError("ps.async=true needs backend=gloo (NCCL cannot receive from any source)")
     if ref.device == "cuda" and not _cuda():
         raise ConfigError("device=cuda needs a CUDA GPU (torch.cuda.is_available() is False here)")
-    job = prepare(cfg, ref)
-    world = strategy.world_size(ref.workers)
-    os.makedirs(os.path.join(job.out, "logs"), exist_ok=True)
-    t0 = time.perf_counter()
-    (run_mpi if strategy.launcher == "mpi" else run_forked)(job, world)
-    return summarize(job, world, time.perf_counter() - t0)
+    from gpt2common.outdir import hold
+
+    check_out(Path(cfg.out))
+    lock = hold(cfg.out)  # this process holds out until the run ends (gpt2common/outdir.py)
+    try:
+        job = prepare(cfg, ref)
+        world = strategy.world_size(ref.workers)
+        os.makedirs(os.path.join(job.out, "logs"), exist_ok=True)
+        t0 = time.perf_counter()
+        (run_mpi if strategy.launcher == "mpi" else run_forked)(job, world)
+        return summarize(job, world, time.perf_counter() - t0)
+    finally:
+        lock.release()
 
 
 def summarize(job, world: int, wall_s: float) -> dict:

@@ -42,6 +42,9 @@ class Job:
         return Job(run_from_dict(d["cfg"]), ref_from_dict(d["ref"]), d["data_dir"], d["init_dir"], d["out"], d["port"])
 
 
+RENDEZVOUS_HOST = "127.0.0.1"  # every rank of a torchref job runs on this host
+
+
 class Context:
     """One process's view of the job: its rank, the data, the initial weights."""
 
@@ -102,10 +105,24 @@ class Context:
 
     # ---------------------------------------------------------------- torch.distributed
     def init_process_group(self) -> None:
+        """Rendezvous through a TCPStore on 127.0.0.1 only. torch's own store (init_method=tcp://)
+        listens on every interface, whatever host it is given, so any host that reaches this one
+        could join the job: rank 0 binds the socket itself and hands it to the store."""
+        import socket
+
         import torch.distributed as dist
 
-        dist.init_process_group(self.backend, init_method=f"tcp://127.0.0.1:{self.job.port}", rank=self.rank,
-                                world_size=self.world, timeout=datetime.timedelta(seconds=self.ref.timeout_s))
+        timeout = datetime.timedelta(seconds=self.ref.timeout_s)
+        host, port = RENDEZVOUS_HOST, self.job.port
+        listen_fd = None
+        if self.rank == 0:
+            self._store_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self._store_socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._store_socket.bind((host, port))
+            self._store_socket.listen()
+            listen_fd = self._store_socket.fileno()
+        store = dist.TCPStore(host, port, self.world, self.rank == 0, timeout, master_listen_fd=listen_fd)
+        dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world, timeout=timeout)
 
     def amp_context(self):
         """autocast for the -amp strategies (Apex AMP O1's successor); a no-op otherwise."""

@@ -270,6 +270,11 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
             kw[k] = v
     if kw.get("coordinator_address"):
         kw.pop("cluster_detection_method", None)
+        # JAX's coordination service binds every interface ([::]) unless told otherwise: any host
+        # that reaches this one could join the job. It binds the address it is given (127.0.0.1
+        # under `jaxpar launch`); JAX_COORDINATOR_BIND_ADDRESS, JAX's own setting, still wins.
+        if "JAX_COORDINATOR_BIND_ADDRESS" not in env:
+            kw["coordinator_bind_address"] = kw["coordinator_address"]
     kw["initialization_timeout"] = int(timeout_s if timeout_s is not None else env.get(ENV_INIT_TIMEOUT, 120))
     kw["heartbeat_timeout_seconds"] = int(heartbeat_timeout_s if heartbeat_timeout_s is not None
                                           else env.get(ENV_HEARTBEAT_TIMEOUT, 30))
@@ -283,17 +288,46 @@ def maybe_initialize_distributed() -> dict | None:
     a no-op for a plain single process. Called by the CLI before JAX touches devices."""
     import jax
 
-    if detect_cluster() is None:
+    det = detect_cluster()
+    if det is None:
         return None
     if jax.distributed.is_initialized():
         return None
     _library_stdout_to_devnull()
+    if det["method"] == "jaxpar":
+        _wait_for_coordinator(os.environ)
     try:
         return initialize_distributed()
     except Exception as e:  # e.g. a peer never started: a bounded, one-line failure
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"error: could not join the multi-process job ({msg})", file=sys.stderr)
         raise SystemExit(3) from None
+
+
+def _wait_for_coordinator(env) -> None:
+    """A process other than 0 waits (up to the join timeout) for process 0's coordinator to accept
+    connections. When nothing ever does (a JAXPAR_COORDINATOR left in the shell by another job),
+    JAX aborts with a C++ stack after its deadline; this is one line and exit 3 instead."""
+    import socket
+    import time
+
+    if env.get(ENV_PROCESS_ID, "0").strip() == "0":
+        return  # process 0 starts the coordinator itself
+    address = env[ENV_COORDINATOR]
+    host, _, port = address.rpartition(":")
+    timeout = float(env.get(ENV_INIT_TIMEOUT, 120))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                return
+        except (OSError, ValueError):
+            if time.monotonic() >= deadline:
+                print(f"error: could not join the multi-process job (nothing accepts connections at "
+                      f"{ENV_COORDINATOR}={address} after {timeout:g} s; is it left over from another job?)",
+                      file=sys.stderr)
+                raise SystemExit(3) from None
+            time.sleep(0.2)
 
 
 def _library_stdout_to_devnull() -> None:
@@ -307,7 +341,11 @@ def _library_stdout_to_devnull() -> None:
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.close(null)
-    sys.stdout = os.fdopen(out, "w", buffering=1, encoding=sys.stdout.encoding, errors=sys.stdout.errors)
+    stream = os.fdopen(out, "w", buffering=1, encoding=sys.stdout.encoding, errors=sys.stdout.errors)
+    if hasattr(sys.stdout, "retarget"):  # the CLI's closed-pipe guard (jaxpar.cli) keeps guarding
+        sys.stdout.retarget(stream)
+    else:
+        sys.stdout = stream
 
 
 def setup_devices(mc: MeshConfig) -> None:

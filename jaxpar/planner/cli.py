@@ -27,7 +27,7 @@ from jaxpar.config import Config, ConfigError, apply_overrides, validate
 from jaxpar.parallel.layout import one_f_one_b_problem
 from jaxpar.planner.cost import Workload
 from jaxpar.planner.devices import DEVICES, parse_bytes
-from jaxpar.planner.plan import fmt_bytes, plan_for, save_plan
+from jaxpar.planner.plan import fmt_bytes, plan_for, plan_path, save_plan
 from jaxpar.planner.search import TRAIN_SUPPORTED, Fixed, SearchSpace
 
 USAGE = "usage: jaxpar plan [model=<preset>] [devices=N] [device=h100] [train.batch_size=B] ... [--json]"
@@ -164,6 +164,7 @@ def print_breakdown(b: dict) -> None:
 
 def run(opts: dict) -> int:
     cfg = opts["cfg"]
+    plan_path(opts["out"])  # refused before the search, and before a sweep's PNG is written next to it
     w = Workload(cfg.model, cfg.train.batch_size, cfg.train.seq_len, cfg.precision, opts["attention"])
     plan, res = plan_for(w, opts["devices"], opts["device"], opts["memory_limit"], opts["device_overrides"],
                          opts["space"], top_k=max(opts["top"], 2), fixed=opts["fixed"])

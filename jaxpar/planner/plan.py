@@ -105,9 +105,28 @@ def make_plan(w: Workload, device: str, n_devices: int, memory_limit: float, ran
     return Plan(data)
 
 
-def save_plan(plan: Plan, out: str) -> str:
-    """Write plan JSON to `out` (a file, or a directory -> out/plan.json). Returns the path."""
+def plan_path(out: str) -> str:
+    """Where `out=` puts the plan (a file, or a directory -> out/plan.json), after the checks that
+    keep it from destroying anything: a run dir is never written into (a run's files are its own)
+    and an existing file is replaced only when it is itself a jaxpar plan. Writes nothing."""
     path = os.path.join(out, "plan.json") if out.endswith(os.sep) or os.path.isdir(out) else out
+    folder = os.path.dirname(path) or "."
+    held = [f for f in ("config.json", "ckpt", "metrics.jsonl") if os.path.exists(os.path.join(folder, f))]
+    if held:
+        raise ConfigError(f"out={out!r}: {folder!r} is a run dir (holds {', '.join(held)}); "
+                          "write the plan somewhere else")
+    if os.path.lexists(path):
+        try:
+            load_plan(path)
+        except (ConfigError, OSError, UnicodeDecodeError):
+            raise ConfigError(f"out={out!r}: {path!r} exists and is not a jaxpar plan; "
+                              "choose another out or move it away") from None
+    return path
+
+
+def save_plan(plan: Plan, out: str) -> str:
+    """Write plan JSON to `out` (see `plan_path` for what is refused). Returns the path."""
+    path = plan_path(out)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as fh:
         fh.write(plan.to_json() + "\n")

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from gpt2common.writes import WriteFailed, describe, write_errno
+from gpt2common.writes import WriteFailed, describe, drop_closed_loop_reports, write_errno
 from jaxpar.config import ConfigError
 
 CKPT_DIR = "ckpt"
@@ -97,6 +97,7 @@ class Checkpointer:
             items["opt_state"] = ocp.args.StandardSave(state["opt_state"])
             sums["opt_state"] = checksums(state["opt_state"])
         items["meta"] = ocp.args.JsonSave({**meta, "checksums": sums})
+        drop_closed_loop_reports()  # before the save: a failed write's siblings report during it
         absl_log, held = logging.getLogger("absl"), _Hold()
         absl_log.addFilter(held)  # orbax logs a write thread's error, then raises it here: log it once
         try:

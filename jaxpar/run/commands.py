@@ -37,7 +37,7 @@ def train(argv: list[str], dry_run: bool = False) -> int:
     from jaxpar.run.rundir import resolve_train
 
     path, rest = split_config_flag(argv)
-    cfg = resolve_train(parse_kv(rest), path)  # resume=true: the run's own config.json + these keys
+    cfg = resolve_train(parse_kv(rest), path, writer=not dry_run)  # resume=true: its config.json + these keys
     if cfg.plan:
         from jaxpar.planner.apply import apply_plan  # noqa: PLC0415
 
@@ -65,6 +65,9 @@ def prepare(argv: list[str]) -> int:
         raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))} (valid: {', '.join(O.names(O.PrepareOptions))})")
     if "out" not in kv:
         raise ConfigError("prepare needs out=<dir>")
+    from gpt2common.outdir import check_writable
+
+    check_writable(kv["out"])
     held = [f for f in ("meta.json", "train.bin", "val.bin") if os.path.exists(os.path.join(kv["out"], f))]
     if held:  # a run may be reading it: replacing it silently would change that run's data
         raise ConfigError(f"out={kv['out']!r} already holds prepared data ({', '.join(held)}); "
@@ -142,8 +145,7 @@ def evaluate(argv: list[str]) -> int:
     base, hf_params = _inference_base(ckpt, hf_dir)
     cfg = C.resolve_kv(kv, path, base)
     if os.path.isdir(data_arg):
-        data_lib.read_meta(data_arg, cfg.model.vocab_size)
-        tokens = data_lib.load_tokens(os.path.join(data_arg, "val.bin"))
+        tokens = data_lib.load_split(data_arg, "val", data_lib.read_meta(data_arg, cfg.model.vocab_size))
     else:
         tokens = data_lib.load_tokens(data_arg)
     if int(tokens.max()) >= cfg.model.vocab_size:
@@ -153,6 +155,8 @@ def evaluate(argv: list[str]) -> int:
     xs, ys = data_lib.eval_windows(tokens, T, cfg.eval.windows)
     _devices_for(cfg)
     import jax
+
+    cfg = _eval_batch(cfg, len(xs))
 
     from jaxpar.run import infer
     from jaxpar.run.evaluation import mean_loss
@@ -167,6 +171,22 @@ def evaluate(argv: list[str]) -> int:
     if jax.process_index() == 0:
         print(json.dumps({"loss": loss, "perplexity": math.exp(loss), "tokens": n}))
     return 0
+
+
+def _eval_batch(cfg: C.Config, windows: int) -> C.Config:
+    """eval pads its last batch to train.batch_size rows: a batch never has more rows than the
+    windows need, rounded up to a multiple of the rows the mesh takes (train.batch_size=100000
+    on 5 windows padded them to tens of gigabytes). Devices must be set up."""
+    import jax
+
+    from jaxpar.parallel.mesh import resolve_mesh_config
+
+    mc = resolve_mesh_config(cfg.mesh, jax.device_count())
+    rows = mc.data * mc.fsdp * (cfg.pipeline.microbatches if mc.pipe > 1 else 1)
+    need = -(-windows // rows) * rows
+    if cfg.train.batch_size <= need:
+        return cfg
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=need))
 
 
 SAMPLE_KEYS = O.names(O.SampleOptions)
@@ -197,21 +217,26 @@ def convert(argv: list[str]) -> int:
     from gpt2common.outdir import check_writable
 
     if set(kv) == {"hf", "out"}:
+        from gpt2common.outdir import check_free, entries, hold
         from jaxpar.run.checkpoint import Checkpointer
 
         check_writable(kv["out"], "out")
-        if os.path.isdir(kv["out"]) and os.listdir(kv["out"]):
+        check_free(kv["out"])  # a run that just took it writes there next
+        if os.path.isdir(kv["out"]) and entries(kv["out"]):  # a killed run's stale lock file is nothing
             raise ConfigError(f"out={kv['out']!r} is not empty")
         mc, params = hf.load_hf(kv["hf"], "hf")
         # a model with fewer positions than the default window gets a window it can run (sample, eval)
         train = C.TrainConfig(seq_len=min(C.TrainConfig.seq_len, mc.n_positions))
         cfg = C.Config(model=mc, model_name=f"hf:{kv['hf']}", init=kv["hf"], out=kv["out"], train=train)
-        os.makedirs(kv["out"], exist_ok=True)
-        with open(os.path.join(kv["out"], "config.json"), "w") as f:
-            f.write(C.dumps(cfg))
-        ck = Checkpointer(kv["out"])
-        ck.save(0, {"params": params}, {"step": 0, "seed": cfg.seed, "source": kv["hf"]})
-        ck.close()
+        lock = hold(kv["out"])  # a writer like train: one at a time
+        try:
+            with open(os.path.join(kv["out"], "config.json"), "w") as f:
+                f.write(C.dumps(cfg))
+            ck = Checkpointer(kv["out"])
+            ck.save(0, {"params": params}, {"step": 0, "seed": cfg.seed, "source": kv["hf"]})
+            ck.close()
+        finally:
+            lock.release()
         print(f"converted {kv['hf']} -> {kv['out']} ({mc.num_params():,} params)")
         return 0
     if set(kv) == {"checkpoint", "to_hf"}:

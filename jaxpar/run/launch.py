@@ -9,7 +9,8 @@ emulates mesh-size / N CPU devices. Example (4 devices as 2 processes × 2):
 
 Failure handling: if any child exits non-zero (or is killed), the others get SIGTERM and,
 after `grace` seconds, SIGKILL; the launcher exits with the failed child's code (128+signal
-for a signal). So a dead rank never leaves the rest hanging in a collective.
+for a signal). So a dead rank never leaves the rest hanging in a collective. The ranks die with
+the launcher (`die_with_launcher`), so a killed launcher never leaves them training unwatched.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from gpt2common.grammar import parse_kv
 from jaxpar.config import ConfigError
 
 KEYS = {"nprocs", "port", "grace"}
+MULTI_PROCESS = ("train", "inspect", "eval", "sample", "mesh")  # the commands that join a multi-process job
 SETTLE_S = 3.0  # after a rank fails, how long the others get to exit by themselves
 LOST_PEER_EXIT = 3  # a rank that cannot reach its peers (jaxpar.run.loop, jaxpar.parallel.mesh): a consequence, not a cause
 
@@ -34,6 +36,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def check_port_free(port: int) -> None:
+    """ConfigError when something already listens on `port` (rank 0's coordinator would die on
+    it with a segfault, exit 139, and no word about the port)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise ConfigError(f"launch: port={port} cannot be used ({e.strerror}); choose another "
+                              "or leave port= out for a free one") from None
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
@@ -53,11 +66,36 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
     n = kv.get("nprocs", 0)
     if n < 1:
         raise ConfigError(f"launch: nprocs={n} must be >= 1")
+    if not 0 <= kv.get("port", 0) <= 65535:
+        raise ConfigError(f"launch: port={kv['port']} must be in 1..65535 (0 or none: a free one)")
     if not cmd:
         raise ConfigError("launch: no command after `--`")
-    if cmd[0] == "launch":
-        raise ConfigError("launch: the command cannot itself be `launch`")
+    if cmd[0] not in MULTI_PROCESS:  # `prepare` would race its ranks on one out; `launch`, a fork bomb
+        raise ConfigError(f"launch: {cmd[0]!r} does not run as several processes "
+                          f"(launch runs {', '.join(MULTI_PROCESS)})")
     return kv, cmd
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+ENV_LAUNCHER_PID = "JAXPAR_LAUNCHER_PID"  # set by `launch` in each rank's environment
+
+
+def die_with_launcher(env=os.environ) -> None:
+    """In a rank started by `launch` (the CLI calls this first): have the kernel SIGKILL this
+    process when the launcher dies, by any signal, kill -9 included (Linux prctl
+    PR_SET_PDEATHSIG). Otherwise ranks whose launcher was killed go on training under init, and
+    the next `resume=true` of their run is a second writer. SIGKILL, not SIGTERM: nobody is left
+    to end a rank that a SIGTERM does not stop (one waiting in a collective); orbax's temporary
+    dirs keep the last complete checkpoint intact. Set at startup, not in a preexec_fn (Python
+    run between fork and exec); a launcher already gone by then ends the rank at once."""
+    launcher = env.pop(ENV_LAUNCHER_PID, None)  # not for the rank's own children
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if str(os.getppid()) != launcher:  # the launcher died before the prctl: no signal will come
+        os._exit(128 + signal.SIGKILL)
 
 
 def _exit_code(rc: int) -> int:
@@ -75,7 +113,7 @@ def precheck(cmd: list[str], n: int) -> None:
     from jaxpar.run.rundir import resolve_train
 
     path, rest = split_config_flag(cmd[1:])
-    cfg = C.resolve(rest, path) if cmd[0] == "mesh" else resolve_train(parse_kv(rest), path)
+    cfg = C.resolve(rest, path) if cmd[0] == "mesh" else resolve_train(parse_kv(rest), path, cmd[0] == "train")
     sizes = dataclasses.asdict(cfg.mesh)
     if -1 not in sizes.values() and mesh_size(cfg.mesh) % n:
         shown = "×".join(f"{k}={v}" for k, v in sizes.items())
@@ -86,11 +124,13 @@ def main(argv: list[str]) -> int:
     kv, cmd = parse(argv)
     n, grace = kv["nprocs"], kv.get("grace", 10)
     precheck(cmd, n)
+    if kv.get("port"):
+        check_port_free(kv["port"])
     port = kv.get("port") or free_port()
     procs: list[subprocess.Popen] = []
     for rank in range(n):
         env = dict(os.environ, JAXPAR_COORDINATOR=f"127.0.0.1:{port}", JAXPAR_NUM_PROCESSES=str(n),
-                   JAXPAR_PROCESS_ID=str(rank))
+                   JAXPAR_PROCESS_ID=str(rank), **{ENV_LAUNCHER_PID: str(os.getpid())})
         procs.append(subprocess.Popen([sys.executable, "-m", "jaxpar.cli", *cmd], env=env))
 
     def stop_all(sig=signal.SIGTERM):

@@ -21,7 +21,7 @@ import numpy as np
 
 from gpt2common import data as data_lib
 from gpt2common import hf
-from gpt2common.outdir import make_out
+from gpt2common.outdir import hold
 from gpt2common.writes import WriteFailed, write_atomic
 from jaxpar.config import Config, ConfigError, dumps, settings_of, validate
 from jaxpar.models import gpt2
@@ -93,10 +93,17 @@ def _fault_injection() -> tuple[int, int] | None:
     spec = os.environ.get("JAXPAR_FAULT_SIGNAL")
     if not spec:
         return None
-    name, step, *rank = spec.split("@")
-    if rank and int(rank[0]) != jax.process_index():
+    parts = spec.split("@")
+    try:
+        sig = getattr(signal, parts[0], None) if parts[0].startswith("SIG") else None
+        if len(parts) not in (2, 3) or not isinstance(sig, signal.Signals):
+            raise ValueError
+        step, rank = int(parts[1]), int(parts[2]) if len(parts) == 3 else None
+    except ValueError:
+        raise ConfigError(f"JAXPAR_FAULT_SIGNAL={spec!r} must be <SIGNAL>@<step>[@<rank>], e.g. SIGTERM@5") from None
+    if rank is not None and rank != jax.process_index():
         return None
-    return int(step), int(getattr(signal, name))
+    return step, int(sig)
 
 
 def _prepare_data(cfg: Config, is_main: bool) -> data_lib.Dataset:
@@ -114,6 +121,24 @@ def _prepare_data(cfg: Config, is_main: bool) -> data_lib.Dataset:
     return data_lib.Dataset.open(path, cfg.model.vocab_size, tc.seq_len)
 
 
+class _LrTable:
+    """lrs[i]: the learning rate of 0-based update i, computed LR_CHUNK steps at a time (one
+    compile): a table of every step would take 4 bytes per step (400 TB for 1e14 steps)."""
+
+    LR_CHUNK = 4096
+
+    def __init__(self, schedule):
+        self._fn = jax.jit(jax.vmap(schedule))
+        self._start, self._chunk = -1, None
+
+    def __getitem__(self, i: int) -> float:
+        start = i - i % self.LR_CHUNK
+        if start != self._start:
+            self._chunk = np.asarray(self._fn(jnp.arange(start, start + self.LR_CHUNK)))
+            self._start = start
+        return float(self._chunk[i - start])
+
+
 class NonFinite(Exception):
     """A step's loss or gradient norm was not finite (its update was not applied)."""
 
@@ -129,13 +154,15 @@ def nonfinite_message(n: int, loss: float, gnorm: float, out: str) -> str:
 
 def run_train(cfg: Config) -> int:
     cfg, layout, init_params = prepare_config(cfg)
+    _fault_injection()  # a malformed spec is refused before the run's first write
     resume_step, restart = rundir.check_out_dir(cfg, _latest_step)  # writes nothing
     is_main = jax.process_index() == 0
     # Signals from here on stop the run at a step boundary: one before the first step is
     # carried by step 1, so all processes agree and a checkpoint is written.
-    with _StopFlag() as stop, _removed_if_no_step(cfg.out, is_main):
-        if is_main:
-            make_out(cfg.out)
+    # _removed_if_no_step first: it notes which directories exist before _holding_out creates out
+    with _StopFlag() as stop, _removed_if_no_step(cfg.out, is_main), _holding_out(cfg.out, is_main):
+        if is_main:  # again under the lock: another run may have started meanwhile
+            resume_step, restart = rundir.check_out_dir(cfg, _latest_step)
         ds = _prepare_data(cfg, is_main)
         trainer = build_trainer(layout)
         state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step)
@@ -143,8 +170,8 @@ def run_train(cfg: Config) -> int:
         ckpt = Checkpointer(cfg.out, max_to_keep=cfg.train.keep_checkpoints)
         try:
             return _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, stop, is_main)
-        except jax.errors.JaxRuntimeError as e:
-            if jax.process_count() == 1:
+        except (jax.errors.JaxRuntimeError, ValueError) as e:
+            if jax.process_count() == 1 or not _peer_lost(e):
                 raise
             _lost_peer(e)
         finally:
@@ -178,6 +205,22 @@ def _agree(value: int) -> int:
     from jax.experimental import multihost_utils
 
     return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
+def _holding_out(out: str, is_main: bool):
+    """Process 0 holds `out` for the run's lifetime (gpt2common/outdir.py), from its first write
+    (creating it) until the run ends, however it ends."""
+    lock = hold(out) if is_main else None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _peer_lost(e: Exception) -> bool:
+    """A failed collective (JaxRuntimeError), or gloo's failure inside a checkpoint save: orbax
+    syncs the processes with an all-gather, whose `Connection reset by peer` reaches us as a
+    ValueError (a 40-line traceback before)."""
+    return isinstance(e, jax.errors.JaxRuntimeError) or "Gloo" in str(e)
 
 
 def _lost_peer(e: Exception) -> None:
@@ -233,13 +276,20 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
     fault = _fault_injection()
 
     clock = CheckpointClock(tc.ckpt_minutes, start, _agree if jax.process_count() > 1 else lambda v: v)
+    saved = set()
 
     def save(step):
+        # A signal during a periodic checkpoint stops the run at the next step boundary, before
+        # another step ran: the stop path's save is then the one just written (orbax would raise
+        # StepAlreadyExistsError on a second save of it).
+        if step in saved:
+            return
         t0 = time.perf_counter()
         try:
             ckpt.save(step, state, {"step": step, "seed": cfg.seed, "nonfinite_skipped": skipped})
         except WriteFailed as e:
             raise WriteFailed(f"step {step}: {e}") from None
+        saved.add(step)
         clock.saved(step, time.perf_counter() - t0)
 
     def put(step):  # host gather + transfer of step `step`'s batch
@@ -256,9 +306,9 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
 
         barrier("jaxpar:first-step")
 
-    # Host-side tables, so reading a step's metrics dispatches no JAX op: the lr of every step
-    # (one compile) and the two stop-flag arrays (inputs, not donated, so reused every step).
-    lrs = np.asarray(jax.jit(jax.vmap(trainer.schedule))(jnp.arange(tc.steps)))
+    # Host-side tables, so reading a step's metrics seldom dispatches a JAX op: the lr of each
+    # step (_LrTable) and the two stop-flag arrays (inputs, not donated, so reused every step).
+    lrs = _LrTable(trainer.schedule)
     flags = {False: trainer.put_flag(False), True: trainer.put_flag(True)}
     t_prev = time.perf_counter()
 

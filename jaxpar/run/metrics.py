@@ -66,6 +66,7 @@ class MetricsLogger:
                  print_every: int = 1):
         self.enabled, self.total, self.print_every = enabled, total_steps, max(print_every, 1)
         self.path = os.path.join(out_dir, METRICS_FILE)
+        self.tb_dir = os.path.join(out_dir, "tb")
         self.write_failed = False
         self.tb = None
         self.bar = None
@@ -74,7 +75,7 @@ class MetricsLogger:
         self.file = open(self.path, "a")
         try:
             SummaryWriter = _import_summary_writer()
-            self.tb = SummaryWriter(os.path.join(out_dir, "tb"))
+            self.tb = SummaryWriter(self.tb_dir)
         except ImportError:
             pass
         mode = progress if progress != "auto" else ("bar" if sys.stdout.isatty() else "plain")
@@ -126,10 +127,31 @@ class MetricsLogger:
             return
         if self.bar is not None:
             self.bar.stop()
+        tb_failed = None
         if self.tb is not None:
-            self.tb.close()
+            try:
+                with refused_write(self.tb_dir):  # the events still buffered are written now
+                    self.tb.close()
+            except WriteFailed as e:
+                _abandon(self.tb)
+                tb_failed = e
         try:
             self.file.close()
         except OSError:  # the unwritten tail of a failed write: already reported by log()
             if not self.write_failed:
                 raise
+        if tb_failed is not None and not self.write_failed:  # else the same full disk, already reported
+            raise tb_failed
+
+
+def _abandon(tb) -> None:
+    """A tensorboardX writer whose last flush failed: marked closed and its worker thread stopped,
+    else its atexit hook retries the flush and the thread dies on its closed queue at exit, two
+    tracebacks repeating a failure already reported in one line."""
+    for w in getattr(tb, "all_writers", {}).values():
+        ew = getattr(w, "event_writer", None)
+        if ew is None:
+            continue
+        ew._closed = True
+        if getattr(ew, "_worker", None) is not None:
+            ew._worker.stop()

@@ -5,16 +5,40 @@ from __future__ import annotations
 import json
 import os
 
+from gpt2common.writes import refused_write
 from jaxpar.config import ConfigError
 from jaxpar.run.metrics import METRICS_FILE
 
 
+def png_path(run: str, out: str | None) -> str:
+    """Where the PNG goes: out= (a .png file in an existing folder, or a folder: <out>/curves.png),
+    default <run>/curves.png. Checked before anything is read or drawn."""
+    if out is None:
+        return os.path.join(run, "curves.png")
+    if os.path.isdir(out):
+        return os.path.join(out, "curves.png")
+    if not out.lower().endswith(".png"):
+        raise ConfigError(f"out={out!r} must name a .png file or a folder")
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"out={out!r}: folder {folder!r} does not exist")
+    return out
+
+
 def plot_run(run: str, out: str | None = None) -> str:
+    out = png_path(run, out)
     path = os.path.join(run, METRICS_FILE)
     if not os.path.isfile(path):
         raise ConfigError(f"run={run!r} has no {METRICS_FILE}")
+    with open(path, errors="replace") as f:
+        lines = [ln for ln in f if ln.strip()]
+    if lines and not lines[-1].endswith("\n"):
+        try:  # a last line without its newline: a write cut short by kill -9, unless it parses
+            json.loads(lines[-1])
+        except json.JSONDecodeError:
+            lines.pop()
     try:
-        recs = [json.loads(ln) for ln in open(path) if ln.strip()]
+        recs = [json.loads(ln) for ln in lines]
     except json.JSONDecodeError:
         raise ConfigError(f"{path!r} is corrupt") from None
     if not recs:
@@ -35,7 +59,11 @@ def plot_run(run: str, out: str | None = None) -> str:
     ax2.plot(steps, [r["tokens_per_s"] for r in recs])
     ax2.set(xlabel="step", ylabel="tokens/s", title="throughput")
     fig.tight_layout()
-    out = out or os.path.join(run, "curves.png")
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    try:
+        with refused_write(out):  # a full disk: one line, exit 4
+            fig.savefig(out, dpi=100)
+    except PermissionError:
+        raise ConfigError(f"out={out!r} cannot be written (permission denied)") from None
+    finally:
+        plt.close(fig)
     return out

@@ -15,7 +15,7 @@ import json
 import os
 
 from gpt2common.grammar import load_yaml, parse_value
-from gpt2common.outdir import check_writable
+from gpt2common.outdir import check_free, check_writable, entries
 from jaxpar import config as C
 from jaxpar.config import Config, ConfigError
 
@@ -40,8 +40,7 @@ def checkpoint_steps(out: str) -> list[int]:
 
 def is_restartable(out: str) -> bool:
     """True for the leftovers of a run that failed before its first checkpoint."""
-    entries = set(os.listdir(out))
-    return entries <= RUN_ENTRIES and not checkpoint_steps(out)
+    return set(entries(out)) <= RUN_ENTRIES and not checkpoint_steps(out)
 
 
 def check_out_dir(cfg: Config, latest_step) -> tuple[int | None, bool]:
@@ -58,7 +57,7 @@ def check_out_dir(cfg: Config, latest_step) -> tuple[int | None, bool]:
             raise ConfigError(f"resume=true but out={out!r} holds no complete checkpoint"
                               + (" (start it over without resume=true)" if is_restartable(out) else ""))
         return step, False
-    if os.path.isdir(out) and os.listdir(out):
+    if os.path.isdir(out) and entries(out):
         if is_restartable(out):
             return None, True
         raise ConfigError(f"out={out!r} is not empty; pass resume=true to continue it or choose another out")
@@ -79,15 +78,20 @@ def read_run_config(out: str) -> Config:
         raise ConfigError(f"resume=true but {path!r} is corrupt") from None
 
 
-def resolve_train(kv: dict, config_file: str | None) -> Config:
+def resolve_train(kv: dict, config_file: str | None, writer: bool = True) -> Config:
     """`jaxpar train` settings. With resume=true the run's own config.json is the base and only
-    the keys given (YAML, then key=value) are applied; keys that change shapes or data are refused."""
+    the keys given (YAML, then key=value) are applied; keys that change shapes or data are refused.
+    A `writer` (train, not inspect or dry_run=true) is refused an out that a live run holds."""
     file_kv = load_yaml(config_file) if config_file else {}  # the one read of the YAML file
     given = {**file_kv, **kv}
     resume = parse_value(bool, given.get("resume", False), "resume")
+    out = str(given.get("out", Config().out))
+    # Before anything else reads the run: a live run's config and checkpoints are its own. Every
+    # process of a job checks here, before joining the job, so before process 0 takes the lock.
+    if writer and not parse_value(bool, given.get("dry_run", False), "dry_run"):
+        check_free(out)
     if not resume:
         return C.resolve_kv(kv, base=None, file_kv=file_kv)
-    out = str(given.get("out", Config().out))
     saved = read_run_config(out)
     # The checkpoint holds the weights (init= is spent) and the plan was applied when the run began.
     base = C.Config(**{**{f: getattr(saved, f) for f in saved.__dataclass_fields__}, "init": "", "plan": "",

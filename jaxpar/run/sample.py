@@ -27,7 +27,9 @@ def sample_token(logits, temperature: float, top_k: int, key):
     softmax(logits / temperature) restricted to the top_k largest logits (top_k <= 0: all)."""
     if temperature <= 0:
         return jnp.argmax(logits)
-    logits = logits / temperature
+    # Shifted by the max first (the softmax is unchanged): logits / 1e-45 overflow to inf and the
+    # draw is garbage, while (logits - max) / t only goes to -inf, leaving the argmax, the limit.
+    logits = (logits - jnp.max(logits)) / temperature
     if top_k > 0:
         kth = jnp.sort(logits)[-min(top_k, logits.shape[-1])]
         logits = jnp.where(logits < kth, -jnp.inf, logits)
@@ -104,8 +106,12 @@ def run_sample(kv: dict, cfg) -> int:
     seed = parse_value(int, kv.get("seed", d.seed), "seed")
     if n <= 0:
         raise ConfigError(f"max_new_tokens={n} must be positive")
-    prompt = kv.get("prompt", d.prompt)
-    ids = tok.encode(prompt)
+    if not 0 <= seed < 2**32:  # the PRNG key takes a 32-bit seed
+        raise ConfigError(f"seed={seed} must be in [0, 2**32)")
+    # argv holds undecodable bytes as surrogates (PEP 383): back to the bytes the user typed, which
+    # the byte tokenizer takes as they are (a BPE one replaces them, with a warning)
+    prompt = kv.get("prompt", d.prompt).encode("utf-8", "surrogateescape")
+    ids = tok.encode(prompt, label="prompt")
     if len(ids) == 0:
         ids = tok.encode("\n")
     setup_devices(cfg.mesh)

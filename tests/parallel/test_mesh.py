@@ -84,16 +84,16 @@ def test_detect_cluster(env, expect):
     # jaxpar launch: the coordinator and ranks from JAXPAR_*; defaults 120 s to join, 30 s heartbeat
     ({"JAXPAR_COORDINATOR": "127.0.0.1:5000", "JAXPAR_NUM_PROCESSES": "2", "JAXPAR_PROCESS_ID": "1",
       "JAXPAR_HEARTBEAT_TIMEOUT": "7"},
-     {"coordinator_address": "127.0.0.1:5000", "num_processes": 2, "process_id": 1, "initialization_timeout": 120,
-      "heartbeat_timeout_seconds": 7}),
+     {"coordinator_address": "127.0.0.1:5000", "coordinator_bind_address": "127.0.0.1:5000", "num_processes": 2,
+      "process_id": 1, "initialization_timeout": 120, "heartbeat_timeout_seconds": 7}),
     # mpiexec (mpich's Hydra): jax asks mpi4py for the ranks
     ({"PMI_SIZE": "2", "PMI_RANK": "0", "JAXPAR_INIT_TIMEOUT": "9"},
      {"cluster_detection_method": "mpi4py", "initialization_timeout": 9, "heartbeat_timeout_seconds": 30}),
     # jaxpar launch with the local devices named (one GPU per process on a multi-GPU host)
     ({"JAXPAR_COORDINATOR": "h:1", "JAXPAR_NUM_PROCESSES": "2", "JAXPAR_PROCESS_ID": "0",
       "JAXPAR_LOCAL_DEVICE_IDS": "2,3"},
-     {"coordinator_address": "h:1", "num_processes": 2, "process_id": 0, "local_device_ids": [2, 3],
-      "initialization_timeout": 120, "heartbeat_timeout_seconds": 30}),
+     {"coordinator_address": "h:1", "coordinator_bind_address": "h:1", "num_processes": 2, "process_id": 0,
+      "local_device_ids": [2, 3], "initialization_timeout": 120, "heartbeat_timeout_seconds": 30}),
     # srun: jax's own SLURM detection, nothing passed but the timeouts
     ({"SLURM_NTASKS": "4", "SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_PROCID": "3"},
      {"initialization_timeout": 120, "heartbeat_timeout_seconds": 30}),
@@ -125,8 +125,8 @@ def test_initialize_distributed_keeps_explicit_zeros(monkeypatch):
     monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: got.update(kw))
     monkeypatch.setattr(M, "_use_cpu_collectives", lambda: None)
     M.initialize_distributed(process_id=0, local_device_ids=[0], timeout_s=5, heartbeat_timeout_s=6)
-    assert got == {"coordinator_address": "h:1", "num_processes": 2, "process_id": 0, "local_device_ids": [0],
-                   "initialization_timeout": 5, "heartbeat_timeout_seconds": 6}
+    assert got == {"coordinator_address": "h:1", "coordinator_bind_address": "h:1", "num_processes": 2, "process_id": 0,
+                   "local_device_ids": [0], "initialization_timeout": 5, "heartbeat_timeout_seconds": 6}
 
 
 def test_emulate_devices_per_process(monkeypatch):
@@ -179,6 +179,7 @@ def test_a_failed_join_is_one_line_naming_the_first_line_of_the_cause(monkeypatc
         raise RuntimeError("DEADLINE_EXCEEDED: barrier timed out\n  at coordination_service.cc:123")
 
     monkeypatch.setattr(M, "initialize_distributed", refuse)
+    monkeypatch.setattr(M, "_wait_for_coordinator", lambda env: None)  # 'h:1' is no host
     with pytest.raises(SystemExit) as e:
         M.maybe_initialize_distributed()
     assert e.value.code == 3
@@ -190,7 +191,10 @@ def test_a_failed_join_is_one_line_naming_the_first_line_of_the_cause(monkeypatc
     (["nprocs=0", "--", "train"], "launch: nprocs=0 must be >= 1"),
     (["procs=2", "--", "train"], "launch: unknown argument 'procs=2' (valid: nprocs=N, port=P, grace=SECONDS)"),
     (["nprocs=2", "--"], "launch: no command after `--`"),
-    (["nprocs=2", "--", "launch", "nprocs=2", "--", "mesh"], "launch: the command cannot itself be `launch`"),
+    (["nprocs=2", "--", "launch", "nprocs=2", "--", "mesh"], "launch: 'launch' does not run as several processes (launch runs train, inspect, eval, sample, mesh)"),
+    # prepare raced its ranks on one out; an unknown command printed one line per rank
+    (["nprocs=2", "--", "prepare", "out=x"], "launch: 'prepare' does not run as several processes (launch runs train, inspect, eval, sample, mesh)"),
+    (["nprocs=2", "--", "trian"], "launch: 'trian' does not run as several processes (launch runs train, inspect, eval, sample, mesh)"),
 ])
 def test_launch_argument_errors(argv, msg):
     with pytest.raises(ConfigError) as e:
@@ -284,3 +288,25 @@ def test_a_joined_process_keeps_library_prints_off_its_stdout():
     assert r.returncode == 0, r.stderr
     assert r.stdout == '{"loss": 1.0}\n'
     assert "[Gloo]" not in r.stderr  # a lost peer's failure stays one stderr line
+
+
+def test_a_joined_process_survives_a_closed_stdout():
+    """`jaxpar launch ... | head`: a joined process's stdout is a new fd (see above), still
+    guarded: once the reader is gone, prints go nowhere and the process goes on (exit 0)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, jaxpar.parallel.mesh as M\n"
+            "from jaxpar.cli import _ClosedStdoutIgnored\n"
+            "sys.stdout = _ClosedStdoutIgnored(sys.stdout)\n"
+            "M.detect_cluster = lambda env=None: {'method': 'jaxpar'}\n"
+            "M.initialize_distributed = lambda: {}\n"
+            "M.maybe_initialize_distributed()\n"
+            "sys.stdin.readline()\n"  # the reader has closed its end by now
+            "for i in range(100): print('step', i, flush=True)\n"
+            "sys.stderr.write('finished\\n')\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    p.stdout.close()
+    _, err = p.communicate("go\n", timeout=120)
+    assert (p.returncode, err) == (0, "finished\n")

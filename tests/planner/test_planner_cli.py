@@ -465,3 +465,25 @@ def test_a_plan_missing_a_key_is_one_error_line(tmp_path):
     with pytest.raises(ConfigError) as e:
         apply_plan(replace(cfg, plan=path), n_devices=8)
     assert str(e.value) == f"plan={path!r} could not be applied ('n_embd')"
+
+
+def test_out_never_destroys_a_file_or_writes_into_a_run_dir(capsys, tmp_path):
+    """out= naming a file that is not a plan (notes, a config) is refused and left as it was; a
+    run dir (out=DIR, out=DIR/ or a file in it) gets no plan.json; a previous plan is replaced."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    run_dir = tmp_path / "run"
+    (run_dir / "ckpt").mkdir(parents=True)
+    (run_dir / "config.json").write_text("{}")
+    cases = [(str(notes), f"{str(notes)!r} exists and is not a jaxpar plan; choose another out or move it away"),
+             *((o, f"{str(run_dir)!r} is a run dir (holds config.json, ckpt); write the plan somewhere else")
+               for o in (str(run_dir), f"{run_dir}/", str(run_dir / "p.json")))]
+    for out, why in cases:
+        assert main(BASE + [f"out={out}", "sweep=8"]) == 2
+        assert capsys.readouterr() == ("", f"error: out={out!r}: {why}\n")
+    assert notes.read_text() == "my notes\n" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "run"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["ckpt", "config.json"]
+    out = tmp_path / "p.json"
+    for top in ("2", "3"):  # the second replaces the first
+        assert main(BASE + [f"out={out}", f"top={top}", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == load_plan(str(out)).data

@@ -44,6 +44,14 @@ def test_draws_follow_the_tempered_top_k_softmax(temperature, top_k):
     assert np.all(f[p * DRAWS > 20] > 0)  # every token with an expected count > 20 was drawn
 
 
+def test_a_vanishing_temperature_is_argmax():
+    """logits / 1e-45 overflow fp32 (the draw was garbage): the limit of the tempered softmax as
+    t -> 0 is the argmax, index 5, for any key."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 64)
+    for t in (1e-45, 1e-38, 1e-20):
+        assert set(np.asarray(jax.vmap(lambda k: sample_token(jnp.asarray(LOGITS), t, 0, k))(keys)).tolist()) == {5}
+
+
 def test_temperature_zero_is_argmax():
     """Reference: hand-picked argmax of LOGITS (index 5)."""
     assert int(sample_token(jnp.asarray(LOGITS), 0.0, 40, None)) == 5
@@ -157,10 +165,25 @@ def test_sample_a_converted_run_with_the_hf_dirs_tokenizer(tmp_path, capsys):
     assert out.startswith("to be or") and len(out.rstrip("\n")) > len("to be or")
 
 
+def test_a_prompt_with_undecodable_bytes(tmp_path, capsys):
+    """argv carries a byte that is not UTF-8 as a surrogate (it was a UnicodeEncodeError
+    traceback): the BPE tokenizer gets U+FFFD and says so in one warning line."""
+    from jaxpar import cli
+
+    run = _converted_run(tmp_path, 512, 300)
+    capsys.readouterr()
+    assert cli.main(["sample", f"checkpoint={run}", "prompt=to be \udcff", "max_new_tokens=2", "top_k=1"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("to be \ufffd")
+    assert err == ("warning: prompt is not valid UTF-8 (1 undecodable sequences replaced by U+FFFD); "
+                   "tokenizer=byte would keep the raw bytes\n")
+
+
 @pytest.mark.parametrize("arg,msg", [("max_new_tokens=0", "max_new_tokens=0 must be positive"),
                                      ("max_new_tokens=-3", "max_new_tokens=-3 must be positive"),
                                      ("top_k=1.5", "top_k='1.5' is not an integer"),
-                                     ("temperature=nan", "temperature='nan' is not a finite number")])
+                                     ("temperature=nan", "temperature='nan' is not a finite number"),
+                                     ("seed=4294967296", "seed=4294967296 must be in [0, 2**32)")])
 def test_sample_bad_options_are_one_line_before_any_output(tmp_path, capsys, arg, msg):
     from jaxpar import cli
 

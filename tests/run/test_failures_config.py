@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from gpt2common.grammar import load_yaml
 from gpt2common.outdir import make_out
 from jaxpar import cli
 from jaxpar import config as C
@@ -41,6 +42,59 @@ def test_config_flag_naming_a_directory_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err == f"error: config file {str(tmp_path)!r} is a directory\n"
 
 
+def _alias_bomb() -> str:
+    """Nine levels of nine aliases: 9**9 = 387,420,489 keys once flattened, in about 600 bytes."""
+    lines = ["l0: &l0 {" + ",".join(f"{k}: x" for k in "abcdefghi") + "}"]
+    lines += [f"l{n}: &l{n} {{" + ",".join(f"{k}: *l{n - 1}" for k in "abcdefghi") + "}" for n in range(1, 9)]
+    return "\n".join(lines) + "\nmodel: {n_layer: *l8}\n"
+
+
+# The bomb runs in a process limited to 4 GB of address space: should the guard regress, it dies
+# of a MemoryError within seconds instead of taking the host's memory.
+_LIMITED_CLI = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)); "
+                "os.execv(sys.executable, [sys.executable, '-m', 'jaxpar.cli', *sys.argv[1:]])")
+
+
+def test_an_alias_bomb_is_one_line_within_seconds(tmp_path):
+    import sys
+    import time
+
+    from support.cli_helpers import clean_env
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_alias_bomb())
+    assert len(bomb.read_bytes()) < 700
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", _LIMITED_CLI, "train", "--config", str(bomb), f"out={tmp_path / 'o'}"],
+                       capture_output=True, text=True, timeout=60, env=clean_env())
+    assert (r.returncode, r.stderr) == (2, f"error: config file {str(bomb)!r} uses a YAML alias (*l0 at line 2); "
+                                           "config files take plain values only\n")
+    assert time.monotonic() - t0 < 10  # the interpreter's start included
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "mesh"])
+def test_config_input_is_bounded(tmp_path, capsys, command):
+    """An alias and a mapping nested 800 deep are refused from the parser's events, before
+    anything is built: one line each, within a second (unbounded: an alias bomb takes gigabytes,
+    deep nesting is a RecursionError)."""
+    import time
+
+    alias, deep = tmp_path / "alias.yaml", tmp_path / "deep.yaml"
+    alias.write_text("train: &t {steps: 3}\neval: {windows: 1}\nmodel: {n_layer: 2}\npipeline: *t\n")
+    deep.write_text("a: " + "{a: " * 800 + "1" + "}" * 800 + "\n")
+    for path, msg in ((alias, "uses a YAML alias (*t at line 4); config files take plain values only"),
+                      (deep, "nests deeper than 32 levels (line 1)")):
+        t0 = time.perf_counter()
+        assert cli.main([command, "--config", str(path), f"out={tmp_path / 'o'}"]) == 2
+        assert time.perf_counter() - t0 < 1.0
+        assert capsys.readouterr().err == f"error: config file {str(path)!r} {msg}\n"
+    assert not (tmp_path / "o").exists()
+    ok = tmp_path / "ok.yaml"  # an anchor without an alias, and the deepest real config: taken
+    ok.write_text("train: &t {steps: 3}\npipeline: {layers_per_stage: [1, 1]}\n")
+    assert load_yaml(str(ok)) == {"train.steps": 3, "pipeline.layers_per_stage": [1, 1]}
+
+
 def test_config_flag_forms(tmp_path, capsys):
     """`--config FILE` and `--config=FILE` (a path may hold '=': a sweep's run dirs do) are pulled
     out of argv; `--config` with nothing after it is one error line, not a run on the defaults."""
@@ -48,6 +102,21 @@ def test_config_flag_forms(tmp_path, capsys):
     assert C.split_config_flag(["--config=runs/lr=3e-4/c.yaml", "a=1"]) == ("runs/lr=3e-4/c.yaml", ["a=1"])
     assert cli.main(["train", "train.steps=0", "--config"]) == 2  # (steps=0: a run never starts, even on a bug)
     assert capsys.readouterr().err == "error: --config needs a file path\n"
+    assert cli.main(["train", "train.steps=0", "--config="]) == 2  # it trained on the defaults
+    assert capsys.readouterr().err == "error: --config needs a file path\n"
+    from torchref.cli import _split_config
+
+    with pytest.raises(ConfigError, match="^--config needs a file$"):
+        _split_config(["--config=", "strategy=single"])
+
+
+def test_a_yaml_null_is_refused_not_the_string_none(tmp_path, capsys):
+    """`out: ~` trained into a dir named 'None'; an Optional key still takes null."""
+    y = tmp_path / "c.yaml"
+    y.write_text("out: ~\n")
+    assert cli.main(["train", "--config", str(y), "train.steps=0"]) == 2
+    assert capsys.readouterr().err == "error: out is null in the config file; give it a value or leave it out\n"
+    assert not (tmp_path / "None").exists()
 
 
 @pytest.mark.parametrize("argv,line", [

@@ -165,6 +165,75 @@ def test_torchref_initial_weights_that_cannot_be_written_are_one_error_line(tmp_
     assert os.listdir(out / "init") == []
 
 
+# Metrics records with 30 extra numbers: TensorBoard's events (one record per number) outgrow
+# metrics.jsonl, so when a metrics line is refused, TensorBoard's buffered events are refused too.
+_TB_FULL = """
+import os, resource, signal, sys
+from gpt2common.writes import WriteFailed
+from jaxpar.run.metrics import MetricsLogger
+out = sys.argv[1]
+log = MetricsLogger(out, 100, 0, progress="none")
+rec = lambda n: {"step": n, "loss": 1.0, "tokens_per_s": 1.0, "step_time_s": 1.0, "mfu": 0.1,
+                 **{f"k{i}": float(n * i) for i in range(30)}}
+for n in range(1, 21):
+    log.log(rec(n))
+limit = os.path.getsize(os.path.join(out, "metrics.jsonl")) + 100
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+try:
+    log.log(rec(21))
+except WriteFailed as e:
+    log.close()
+    print(e)
+"""
+
+
+def test_tensorboard_on_a_full_disk_adds_nothing_to_the_one_line(tmp_path):
+    """A real full disk: closing TensorBoard after the refused metrics line raised its own OSError
+    (reported as "cannot write a file", no step, no path) and two more tracebacks at exit, from
+    tensorboardX's atexit flush and its worker thread."""
+    r = subprocess.run([sys.executable, "-c", _TB_FULL, str(tmp_path)], capture_output=True, text=True,
+                       env=clean_env(), timeout=120)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == f"step 21: cannot write {tmp_path}/metrics.jsonl: File too large (errno 27)\n"
+    assert len(open(tmp_path / "metrics.jsonl").read().splitlines()) == 21  # 20 lines and the torn one
+
+
+def _private_tmpfs_works() -> bool:
+    try:
+        return subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def test_a_real_full_disk_during_a_checkpoint_is_one_line(tmp_path):
+    """A 7 MB tmpfs (a private mount namespace: nothing outlives the run) holds step 1's
+    checkpoint, not step 2's. RLIMIT_FSIZE fails every write of a step at once; a real full disk
+    fails one while the step's other writes go on, and their callbacks printed 6 to 30
+    "RuntimeError: Event loop is closed" tracebacks before the one line."""
+    if not _private_tmpfs_works():
+        pytest.skip("needs `unshare -m` and mount (CAP_SYS_ADMIN) for a private tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    text = small_text(tmp_path)
+    cmd = " ".join([f"mount -t tmpfs -o size=7m tmpfs {disk} &&", "exec", sys.executable, "-m", "jaxpar.cli", "train",
+                    *ARGS, "train.steps=6", "train.ckpt_every=1", f"data={text}", f"out={disk}/run"])
+    r = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=600,
+                       env=clean_env())
+    assert (r.returncode, r.stderr) == (4, f"error: step 2: cannot write checkpoint {disk}/run/ckpt/2: No space left "
+                                           "on device (errno 28); the last complete checkpoint is step 1: free "
+                                           "space, then continue with resume=true\n")
+
+
+def test_an_export_that_cannot_be_written_is_one_error_line(two_step_run, tmp_path):
+    """`convert to_hf=`: safetensors' save_file raised its own error ("I/O error") past the CLI."""
+    hf_dir = tmp_path / "hf"
+    r = limited(["convert", f"checkpoint={two_step_run}", f"to_hf={hf_dir}"], 100_000)
+    assert r.returncode == 4, r.stderr[-3000:]
+    assert r.stderr == f"error: cannot write {hf_dir}/model.safetensors: File too large (errno 27)\n"
+    assert os.listdir(hf_dir) == []  # no half-written weights, no .tmp
+
+
 @pytest.mark.parametrize("strategy,workers,world", [("single", 1, 1), ("distributed-ps", 2, 2), ("horovod", 2, 2)])
 def test_a_torchref_rank_that_cannot_append_its_metrics_is_one_error_line(tmp_path, strategy, workers, world):
     """The write fails in a worker process mid-run, not in the launcher: rank 0 appends metrics.jsonl

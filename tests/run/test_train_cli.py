@@ -1,6 +1,7 @@
 """`jaxpar train` end to end on the built-in corpus: learning, resume, metrics, sample, eval."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -73,8 +74,11 @@ def test_eval_checkpoint_matches_contract(trained, tmp_path):
     want = hf_mean_nll(hf_model(cfg.model, params), windows)
     assert abs(res["loss"] - want) <= 1e-5 * want, (res["loss"], want)
     assert abs(res["perplexity"] - np.exp(res["loss"])) < 1e-9 * res["perplexity"]
-    # Same windows, batched differently and from a raw .bin file: the same mean loss.
-    r2 = run(["eval", f"checkpoint={out}", f"data={out / 'data' / 'val.bin'}", "eval.windows=5", "train.batch_size=5"])
+    # Same windows, batched differently and from a raw .bin file: the same mean loss. A batch far
+    # larger than the 5 windows is cut to them (it padded them to 100000 rows: 6.5 GB of logits).
+    r2 = run(["eval", f"checkpoint={out}", f"data={out / 'data' / 'val.bin'}", "eval.windows=5",
+              "train.batch_size=100000"])
+    assert r2.returncode == 0, r2.stderr
     assert abs(json.loads(r2.stdout)["loss"] - res["loss"]) < 1e-5
 
 
@@ -91,6 +95,22 @@ def test_plot_writes_png(trained):
     r = run(["plot", f"run={out}"])
     assert r.returncode == 0, r.stderr
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_readers_work_on_a_held_run(trained):
+    """eval, sample, plot and convert checkpoint= never look at the lock a running run holds on
+    its out (here this process holds it): only writers are refused."""
+    from gpt2common.outdir import hold
+
+    out, _ = trained
+    lock = hold(str(out))
+    try:
+        r = run(["eval", f"checkpoint={out}", f"data={out / 'data'}", "eval.windows=1"])
+        assert r.returncode == 0 and json.loads(r.stdout)["tokens"] == 64, r.stderr
+        r = run(["train", *TINY, "resume=true", f"out={out}"])
+        assert r.returncode == 2 and f"(pid {os.getpid()})" in r.stderr
+    finally:
+        lock.release()
 
 
 def _run_and_interrupt(tmp_path, args, fault):

@@ -112,3 +112,35 @@ def kill_rank1_of_bare_pair(argv: list[str], out, env_of_rank, min_steps: int = 
         for q in procs:
             if q.poll() is None:
                 q.kill()
+
+
+def listening(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket `pid` listens on (Linux /proc: its fds' socket inodes
+    looked up in /proc/net/tcp and tcp6, state 0A = LISTEN); '0.0.0.0' / '::' is every interface."""
+    import ipaddress
+
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = set()
+    for table, width in (("tcp", 4), ("tcp6", 16)):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            next(f)
+            for line in f:
+                cols = line.split()
+                if cols[3] != "0A" or cols[9] not in inodes:
+                    continue
+                hexaddr, hexport = cols[1].split(":")
+                raw = bytes.fromhex(hexaddr)
+                # the kernel prints each 32-bit word in host (little-endian) order
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, width, 4))
+                addr = ipaddress.ip_address(raw)
+                if addr.version == 6 and addr.ipv4_mapped:
+                    addr = addr.ipv4_mapped
+                found.add((str(addr), int(hexport, 16)))
+    return found
