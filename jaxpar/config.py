@@ -142,8 +142,10 @@ def apply_overrides(cfg: Config, items: dict[str, Any]) -> Config:
     if label is not None and "model" not in items:
         if str(label) in PRESETS:
             items["model"] = label
-        else:
+        elif str(label).startswith("hf:"):
             cfg = replace(cfg, model_name=str(label))
+        else:
+            raise ConfigError(f"model_name={label!r} is neither a preset ({', '.join(PRESETS)}) nor an hf:<dir> label")
     if "model" in items:
         name = str(items.pop("model"))
         cfg = replace(cfg, model=preset(name), model_name=name)

@@ -27,7 +27,8 @@ SAMPLE = {
     "train.steps": "7", "train.batch_size": "16", "train.seq_len": "16", "train.lr": "1e-3", "train.min_lr_ratio": "0.5",
     "train.warmup_steps": "3", "train.weight_decay": "0.01", "train.beta1": "0.8", "train.beta2": "0.99",
     "train.eps": "1e-6", "train.grad_clip": "0.5", "train.grad_accum": "2", "train.eval_every": "5",
-    "train.eval_batches": "2", "train.ckpt_every": "3", "train.log_every": "2", "train.skip_nonfinite": "true", "train.remat": "full",
+    "train.eval_batches": "2", "train.ckpt_every": "3", "train.ckpt_minutes": "5", "train.keep_checkpoints": "3",
+    "tensor.sequence_parallel": "true", "train.log_every": "2", "train.skip_nonfinite": "true", "train.remat": "full",
     "train.vocab_chunks": "2", "train.mlp_chunks": "2", "eval.windows": "4", "sharding.replicate": "embed",
     "data": "some/dir", "tokenizer": "bpe", "precision": "fp32", "seed": "9", "init": "",  # init: checked below
     "out": "runs/x", "resume": "true", "plan": "auto", "dry_run": "true", "device_peak_flops": "1e12",
@@ -59,7 +60,8 @@ def test_every_jaxpar_key_has_a_torchref_policy():
 def test_issue_keys_change_math_and_none_is_no_math():
     """The issue's list of math keys (all of train.*, model.*, precision, seed, init, data, tokenizer)
     may only be mirrored, same-math or rejected, except the train keys that only log or save."""
-    output_only = {"train.eval_every", "train.eval_batches", "train.ckpt_every", "train.log_every"}
+    output_only = {"train.eval_every", "train.eval_batches", "train.ckpt_every", "train.ckpt_minutes",
+                   "train.keep_checkpoints", "train.log_every"}
     math = {k for k in jaxpar_keys() if k.split(".")[0] in ("train", "model")} | {
         "precision", "seed", "init", "data", "tokenizer"}
     assert {k for k in math if KEY_POLICY[k][0] == "no-math"} == output_only
@@ -130,7 +132,7 @@ BAD = ["model.n_layer=0", "model.n_embd=130", "model.n_head=-1", "model.vocab_si
        "train.weight_decay=-0.1", "train.grad_clip=-1", "train.log_every=-1", "seed=-1", "seed=4294967296",
        "train.grad_accum=3", "model=gpt3", "train.steps=x", "seed=1.5", "model.layer_norm_epsilon=nan", "trian.steps=1",
        "train.bogus=1", "bogus=1", "model.bogus=1", "mesh.bogus=1", "pipeline.bogus=1", "eval.bogus=1",
-       "sharding.bogus=1", "bogus.x=1", "model_name=x"]
+       "sharding.bogus=1", "bogus.x=1"]
 
 
 @pytest.mark.parametrize("arg", BAD)
@@ -158,6 +160,8 @@ CHECKED_ELSEWHERE = {
     "precision": "fp32 here; the bf16 rows of the matrix (parity_tests/matrix.py)",
     "init": "test_property_parity.test_default_train_settings_from_one_hf_init and every matrix row",
     "pipeline.gather": "torchref has no pipeline; gather=layer vs one device in tests/parallel/test_pipeline.py",
+    "tensor.sequence_parallel": "torchref has no tensor parallelism; on vs off vs one device in "
+                                "tests/parallel/test_sequence_parallel.py",
 }
 
 

@@ -105,3 +105,17 @@ def test_min_lr_ratio_one_keeps_the_peak_after_warmup():
     tc = C.resolve(["train.lr=1e-3", "train.min_lr_ratio=1", "train.warmup_steps=3", "train.steps=10"]).train
     got = [float(lr_schedule(tc)(s)) for s in range(10)]
     assert got == pytest.approx([2.5e-4, 5e-4, 7.5e-4] + [1e-3] * 7, rel=1e-6)
+
+
+def test_model_name_is_a_preset_or_an_hf_label():
+    """A run's config.json names its model `model_name`: a preset applies as model= does, an hf:<dir>
+    label (a converted run) is kept, anything else is one error line."""
+    from jaxpar.config import PRESETS, ConfigError, resolve
+
+    assert resolve(["model_name=gpt2-tiny"]).model == PRESETS["gpt2-tiny"]
+    assert resolve(["model_name=hf:exported", "model=gpt2-tiny"]).model_name == "gpt2-tiny"
+    assert resolve(["model_name=hf:exported"]).model_name == "hf:exported"
+    with pytest.raises(ConfigError) as e:
+        resolve(["model_name=x"])
+    assert str(e.value) == ("model_name='x' is neither a preset (gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl) "
+                            "nor an hf:<dir> label")

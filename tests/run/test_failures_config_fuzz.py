@@ -45,8 +45,9 @@ VALUES = st.one_of(
 
 
 def test_keys_cover_the_documented_ones():
-    assert len(KEYS) == 51 and {"model", "model.attention", "pipeline.gather", "train.skip_nonfinite",
-                                "sharding.replicate", "eval.windows", "progress"} <= set(KEYS)
+    assert len(KEYS) == 54 and {"model", "model.attention", "pipeline.gather", "train.skip_nonfinite",
+                                "sharding.replicate", "eval.windows", "progress", "train.ckpt_minutes",
+                                "train.keep_checkpoints", "tensor.sequence_parallel"} <= set(KEYS)
 
 
 @settings(max_examples=400, deadline=None)
