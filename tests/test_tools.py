@@ -26,7 +26,7 @@ def test_every_mutant_applies_to_this_tree(tmp_path):
         text = (ROOT / m.file).read_text()
         if text.count(m.original) != 1:
             stale.append(f"{m.name}: snippet found {text.count(m.original)}x in {m.file}")
-    assert not stale, "update tools/mutation/mutants.py: " + "; ".join(stale)
+    assert not stale, "update tools/mutation/mutants/: " + "; ".join(stale)
     assert len(MUTANTS) >= 40 and len({m.name for m in MUTANTS}) == len(MUTANTS)
     assert all(m.original != m.mutated for m in MUTANTS)
 

@@ -1,4 +1,4 @@
-"""Run the hand-written mutants (tools/mutation/mutants.py) against the default test suite.
+"""Run the hand-written mutants (tools/mutation/mutants/, one module per wing) against the default test suite.
 
     python -m tools.mutation.run                      # every mutant, then tools/mutation/REPORT.md
     python -m tools.mutation.run --only NAME[,NAME]   # a subset (also --area model,ops)
@@ -170,7 +170,7 @@ def write_report(results: dict) -> None:
         f"{len(MUTANTS)} mutants over {len(areas)} areas ({', '.join(areas)}); "
         + ", ".join(f"{k}: {v}" for k, v in sorted(by_status.items())) + ".",
         "",
-        "Each mutant is one small real bug (file, exact original snippet -> mutated snippet, tools/mutation/mutants.py).",
+        "Each mutant is one small real bug (file, exact original snippet -> mutated snippet, tools/mutation/mutants/).",
         "It runs against the default suite with `-x`, its likely catchers first; `caught by` is the first failing",
         "test, `s` the wall time (on a shared 2-core host: inflated by other load). NOT RUN: not in the runs so far.",
         "MISSED-LIKELY: its likely catchers passed in a triage run (`--likely-only`); it has not been run against",
