@@ -190,15 +190,18 @@ def read_meta(path: str, model_vocab: int | None = None) -> dict:
         raise ConfigError(f"data={path!r}: meta.json is missing or corrupt") from None
     # What a hand edit or a partial copy breaks: the tokenizer that made the ids, and its vocab.
     kind, vocab = meta.get("tokenizer"), meta["vocab_size"]
-    if kind not in ("byte", "bpe", "gpt2-dir"):
+    if not isinstance(kind, str) or not kind:
         raise ConfigError(f"data={path!r}: meta.json names no known tokenizer (tokenizer={kind!r}); prepare it again")
-    if kind != "byte" and not os.path.isfile(os.path.join(path, "tokenizer.json")):
-        raise ConfigError(f"data={path!r}: meta.json names tokenizer={kind} but tokenizer.json is missing; "
-                          "prepare it again")
-    actual = 256 if kind == "byte" else _saved_tokenizer(path).get_vocab_size()
-    if vocab != actual:
-        raise ConfigError(f"data={path!r}: meta.json says vocab_size={vocab} but its tokenizer has {actual}; "
-                          "prepare it again")
+    # A tokenizer jaxpar makes is checked against its files; another name marks token ids made
+    # elsewhere (nanoGPT's layout with the user's own tokenizer): trainable, not samplable.
+    if kind in ("byte", "bpe", "gpt2-dir"):
+        if kind != "byte" and not os.path.isfile(os.path.join(path, "tokenizer.json")):
+            raise ConfigError(f"data={path!r}: meta.json names tokenizer={kind} but tokenizer.json is missing; "
+                              "prepare it again")
+        actual = 256 if kind == "byte" else _saved_tokenizer(path).get_vocab_size()
+        if vocab != actual:
+            raise ConfigError(f"data={path!r}: meta.json says vocab_size={vocab} but its tokenizer has {actual}; "
+                              "prepare it again")
     if model_vocab is not None and meta["vocab_size"] > model_vocab:
         raise ConfigError(f"data vocab_size={meta['vocab_size']} is larger than model.vocab_size={model_vocab}")
     return meta

@@ -205,6 +205,9 @@ def _agree(value: int) -> int:
     from jax.experimental import multihost_utils
 
     return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+
+@contextlib.contextmanager
 def _holding_out(out: str, is_main: bool):
     """Process 0 holds `out` for the run's lifetime (gpt2common/outdir.py), from its first write
     (creating it) until the run ends, however it ends."""

@@ -137,6 +137,16 @@ def _refused(fn, *args) -> str:
     return str(e.value)
 
 
+def test_token_ids_made_elsewhere_train_with_their_own_vocab(prepared):
+    """A meta.json naming a tokenizer jaxpar does not make (nanoGPT's layout, the user's own
+    tokenizer; the parity tests' random ids) is trusted for its vocab: no file to check it against."""
+    byte, _ = prepared
+    _edit_meta(byte, tokenizer="random", vocab_size=300)
+    ds = data.Dataset.open(str(byte), 512, 16)
+    assert data.read_meta(str(byte))["vocab_size"] == 300 and ds is not None
+    assert _refused(data.Dataset.open, str(byte), 256, 16) == "data vocab_size=300 is larger than model.vocab_size=256"
+
+
 def test_a_prepared_dir_whose_meta_json_lies(prepared):
     byte, bpe = prepared
     bpe_vocab = json.loads((bpe / "meta.json").read_text())["vocab_size"]
