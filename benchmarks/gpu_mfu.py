@@ -82,13 +82,13 @@ def preset_step(model: str, batch: int, seq: int, attention: str = "auto", remat
 
     from jaxpar.config import PRESETS, Config, TrainConfig
     from jaxpar.models.gpt2 import init_params
-    from jaxpar.parallel.mesh import build_mesh
+    from jaxpar.parallel.layout import build_layout
     from jaxpar.train import build_trainer
 
     mc = dataclasses.replace(PRESETS[model], attention=attention)
     cfg = Config(model=mc, model_name=model, precision="bf16",
                  train=TrainConfig(batch_size=batch, seq_len=seq, remat=remat))
-    trainer = build_trainer(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))
+    trainer = build_trainer(build_layout(cfg, 1), devices=jax.devices()[:1])
     state = trainer.init_state(init_params(mc, 0))
     toks = np.random.default_rng(0).integers(0, mc.vocab_size, (batch, seq + 1)).astype(np.int32)
     return cfg, trainer, state, trainer.put_batch(toks[:, :-1]), trainer.put_batch(toks[:, 1:])
@@ -166,7 +166,12 @@ def measure(model: str, batch: int, args) -> dict:
     flops = mc.flops_per_token(args.seq) * tokens / med
     return {"model": model, "batch": batch, "seq": args.seq, "remat": args.remat, "attention": args.attention,
             "median_step_s": med, "times_s": times, "tokens_per_s": tokens / med, "tflops_per_s": flops / 1e12,
-            "peak_tflops": peak / 1e12, "mfu": flops / peak}
+            "peak_tflops": peak / 1e12 if peak else None, "mfu": flops / peak if peak else None}  # None: GPU not in the table
+
+
+def _pct(x) -> str:
+    """MFU as printed: a percentage, or n/a for a GPU whose peak the table does not know."""
+    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 def compare(pairs, args, jax_rows: list[dict], peers: list[dict]) -> list[dict]:
@@ -177,7 +182,7 @@ def compare(pairs, args, jax_rows: list[dict], peers: list[dict]) -> list[dict]:
         out.append(s)
         print(f"jaxpar / torch ({'compiled' if s['torch_compile'] else 'eager'}) {s['model']:<12} B={s['batch']:<3} "
               f"T={s['seq']}  {s['jaxpar_ms']:.1f} vs {s['torch_ms']:.1f} ms/step  speedup {s['speedup']:.2f}x  "
-              f"MFU {100 * s['jaxpar_mfu']:.1f}% vs {100 * s['torch_mfu']:.1f}%", flush=True)
+              f"MFU {_pct(s['jaxpar_mfu'])} vs {_pct(s['torch_mfu'])}", flush=True)
     return out
 
 
@@ -197,7 +202,7 @@ def main(argv=None) -> int:
         r = measure(model, batch, args)
         rows.append(r)
         print(f"{model:<12} B={batch:<3} T={args.seq}  {r['median_step_s'] * 1e3:8.1f} ms/step  "
-              f"{r['tokens_per_s']:9.0f} tok/s  {r['tflops_per_s']:6.1f} TFLOP/s  MFU {100 * r['mfu']:.1f}%", flush=True)
+              f"{r['tokens_per_s']:9.0f} tok/s  {r['tflops_per_s']:6.1f} TFLOP/s  MFU {_pct(r['mfu'])}", flush=True)
     report = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
               "xla_flags": os.environ.get("XLA_FLAGS", ""), "rows": rows, "torch_rows": peers,
               "side_by_side": compare(pairs, args, rows, peers)}

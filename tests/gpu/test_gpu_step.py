@@ -31,13 +31,15 @@ def _loss_and_grads(mc, precision: str, platform: str, tokens: np.ndarray):
 
     from jaxpar.config import Config, TrainConfig
     from jaxpar.models import gpt2
+    from jaxpar.parallel.layout import build_layout
     from jaxpar.parallel.mesh import build_mesh
     from jaxpar.train import make_loss_fn
 
     B, T1 = tokens.shape
     cfg = Config(model=mc, precision=precision, train=TrainConfig(batch_size=B, seq_len=T1 - 1))
     dev = jax.devices(platform)[0]
-    loss_fn = make_loss_fn(cfg, build_mesh(cfg.mesh, [dev]))
+    lay = build_layout(cfg, 1)
+    loss_fn = make_loss_fn(lay, build_mesh(lay, [dev]))
     params = jax.device_put(gpt2.init_params(mc, 0), dev)
     x, y = (jax.device_put(a, dev) for a in (tokens[:, :-1], tokens[:, 1:]))
     loss, g = jax.jit(jax.value_and_grad(lambda p, x, y: loss_fn(p, x, y, None)))(params, x, y)

@@ -41,6 +41,7 @@ def _property(n_examples: int) -> dict:
 
     from jaxpar.config import Config, MeshConfig, ModelConfig, PipelineConfig, TrainConfig
     from jaxpar.models import gpt2
+    from jaxpar.parallel.layout import build_layout
     from jaxpar.parallel.mesh import build_mesh
     from jaxpar.tolerances import SHARDED_VS_SINGLE
     from jaxpar.train import build_trainer, make_loss_fn
@@ -55,8 +56,8 @@ def _property(n_examples: int) -> dict:
                      pipeline=PipelineConfig(microbatches=M, schedule=sched),
                      train=TrainConfig(batch_size=B, seq_len=T, warmup_steps=0))
         mesh = build_mesh(cfg.mesh, jax.devices()[:S * data])
-        tr = build_trainer(cfg, mesh)
-        loss_fn = make_loss_fn(cfg, mesh)
+        tr = build_trainer(build_layout(cfg, mesh.devices.size), mesh)
+        loss_fn = make_loss_fn(tr.layout, mesh)
         psh = tr.state_shardings["params"]
         vg = jax.jit(jax.value_and_grad(lambda p, x, y: loss_fn(p, x, y, None)),
                      in_shardings=(psh, tr.batch_sharding, tr.batch_sharding), out_shardings=(None, psh))
