@@ -114,6 +114,12 @@ def sequence_parallel_problem(mc: MeshConfig, seq_len: int) -> str | None:
     return None
 
 
+def min_batch_rows(mc: MeshConfig, microbatches: int) -> int:
+    """The fewest rows a forward batch takes on the resolved mesh `mc`: one per data-parallel
+    replica (data x fsdp) and, with a pipeline, per microbatch."""
+    return mc.data * mc.fsdp * (microbatches if mc.pipe > 1 else 1)
+
+
 def stages_problem(S: int, L: int) -> str | None:
     return f"mesh.pipe={S} stages exceed model.n_layer={L} layers" if S > L else None
 

@@ -179,10 +179,10 @@ def _eval_batch(cfg: C.Config, windows: int) -> C.Config:
     on 5 windows padded them to tens of gigabytes). Devices must be set up."""
     import jax
 
+    from jaxpar.parallel.layout import min_batch_rows
     from jaxpar.parallel.mesh import resolve_mesh_config
 
-    mc = resolve_mesh_config(cfg.mesh, jax.device_count())
-    rows = mc.data * mc.fsdp * (cfg.pipeline.microbatches if mc.pipe > 1 else 1)
+    rows = min_batch_rows(resolve_mesh_config(cfg.mesh, jax.device_count()), cfg.pipeline.microbatches)
     need = -(-windows // rows) * rows
     if cfg.train.batch_size <= need:
         return cfg

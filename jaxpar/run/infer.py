@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxpar.config import Config, validate
 from jaxpar.models import gpt2
 from jaxpar.parallel import sharding as shd
+from jaxpar.parallel.layout import min_batch_rows
 from jaxpar.parallel.mesh import build_mesh, resolve_mesh_config
 from jaxpar.run.checkpoint import restore
 from jaxpar.run.evaluation import make_logits_fn, make_nll_fn
@@ -40,8 +41,7 @@ class Runner:
     @property
     def replicas(self) -> int:
         """Rows a batch needs at least: one per data-parallel replica and pipeline microbatch."""
-        m = self.mesh.shape
-        return m["data"] * m["fsdp"] * (self.cfg.pipeline.microbatches if m["pipe"] > 1 else 1)
+        return min_batch_rows(self.cfg.mesh, self.cfg.pipeline.microbatches)
 
     def abstract_params(self):
         return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
@@ -64,7 +64,7 @@ def build_runner(cfg: Config, min_batch: bool = False) -> Runner:
     tc = dataclasses.replace(cfg.train, grad_accum=1)
     if min_batch:  # the fewest rows the resolved sizes take (the layout then checks everything)
         mc = resolve_mesh_config(cfg.mesh, jax.device_count())
-        tc = dataclasses.replace(tc, batch_size=mc.data * mc.fsdp * (cfg.pipeline.microbatches if mc.pipe > 1 else 1))
+        tc = dataclasses.replace(tc, batch_size=min_batch_rows(mc, cfg.pipeline.microbatches))
     lay = resolve_layout(validate(dataclasses.replace(cfg, train=tc)), jax.device_count())  # validated once
     for w in lay.warnings:
         print(w, file=sys.stderr)

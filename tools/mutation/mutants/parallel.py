@@ -248,4 +248,9 @@ MUTANTS: list[Mutant] = [
            "JAX's coordination service listens on every interface: any host that reaches this one can join",
            (T + "parallel/test_mesh.py::test_initialize_distributed_passes_what_the_launcher_set",
             T + "run/test_failures_multiprocess.py::test_the_coordinator_listens_on_the_address_it_is_given")),
+    Mutant("sample_rows_ignore_fsdp", "infer", "jaxpar/parallel/layout.py",
+           "return mc.data * mc.fsdp * (microbatches if mc.pipe > 1 else 1)",
+           "return mc.data * (microbatches if mc.pipe > 1 else 1)",
+           "sampling on a mesh gives each fsdp shard no row of its own",
+           (T + "run/test_claims_sample.py::test_sample_on_an_fsdp_mesh_equals_one_device",)),
 ]
