@@ -21,7 +21,7 @@ import os
 import sys
 
 # Emulated CPU devices must be requested before JAX initialises.
-from jaxpar import mesh as M  # noqa: E402  (imports no JAX backend)
+from jaxpar.parallel import mesh as M  # noqa: E402  (imports no JAX backend)
 
 M.emulate_host_devices(8)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
