@@ -5,14 +5,13 @@ work branch, issue or commit produced a line, so these are failures, reported as
 text` for every hit:
 
 - `code name`: a work-branch code name: `h`, a capital, an optional capital or digit and an optional
-  small letter (`hC`, `hQ2`, `hZ2N`), or `h`, one or two digits and an optional small letter (`h14`,
-  `h18a`). Case-sensitive; GPU names (`h100`, `h200`) have three digits and do not match. Checked in
+  small letter (`hC`, `hZ2N`), or `h`, one or two digits and an optional small letter (`h18a`). Case-sensitive; GPU names (`h100`, `h200`) have three digits and do not match. Checked in
   file paths as well as text.
-- `process word`: "session", "lease", "helper" (and their plurals / "leased", "leasing") as whole
+- `process word`: the three words of the `process word` entry of `RULES` (and their plurals and past forms) as whole
   words, any case. Whole word means Python's `\\b` on both sides, so identifiers that carry the word
   after an underscore (`_helper`, `cli_helpers.py`, `start_new_session`) do not match: they name code,
   not how it was made.
-- `issue number`: "issue 18", "issues 4", "#23" (a hash sign glued to a number).
+- `issue number`: the word issue(s) followed by a number, or a hash sign glued to a number.
 - `commit hash`: a word of 7-40 hex digits with at least one digit and one letter. Not a hash: the
   digits after a decimal point (`1.1754942e-38`) and a decimal exponent (`12e34`). A hash is real data
   only where a tool records the commit it measured: the value of a JSON `"commit"` key and the parity
