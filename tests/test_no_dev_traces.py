@@ -5,8 +5,9 @@ work branch, issue or commit produced a line, so these are failures, reported as
 text` for every hit:
 
 - `code name`: a work-branch code name: `h`, a capital, an optional capital or digit and an optional
-  small letter (`hC`, `hZ2N`), or `h`, one or two digits and an optional small letter (`h18a`). Case-sensitive; GPU names (`h100`, `h200`) have three digits and do not match. Checked in
-  file paths as well as text.
+  small letter (`hC`, `hZ2N`), or `h`, one or two digits and an optional small letter (`h18a`).
+  Case-sensitive; GPU names (`h100`, `h200`) have three digits and do not match. Checked in file
+  paths as well as text.
 - `process word`: the three words of the `process word` entry of `RULES` (and their plurals and past forms) as whole
   words, any case. Whole word means Python's `\\b` on both sides, so identifiers that carry the word
   after an underscore (`_helper`, `cli_helpers.py`, `start_new_session`) do not match: they name code,

@@ -200,8 +200,21 @@ def ring_slots(S: int, M: int) -> int:
     return min(M, 2 * S - 1)
 
 
-def bubble_fraction(S: int, M: int, R: int = 1) -> float:
-    """Idle fraction of stage-iterations, (S-1)/(R·M+S-1) for M >= S."""
+def bubble_fraction(S: int, M: int, R: int = 1, schedule: str = "gpipe") -> float:
+    """Idle fraction of a device's step time under `schedule`, closed form.
+
+    Time unit: one stage's forward F on one microbatch; the input-gradient pass B and the weight-gradient
+    pass W each cost F too (the split of Qi et al. 2023; 1F1B and GPipe run B and W together).
+    - gpipe, circular (R chunks), 1f1b: 1 - R·M / n_iterations = (S-1)/(R·M+S-1) for M >= S.
+    - interleaved (Megatron's virtual stages, R per device): (S-1)/(R·M+S-1); the fill and drain
+      each cost S-1 chunk times, a chunk being 1/R of a stage.
+    - zb (ZB-H1): the W passes fill the drain, so only (S-1) units of F+B-W = F stay idle per device:
+      (S-1)/(3M+S-1) for M >= S.
+    """
+    if schedule == "zb":
+        return (S - 1) / (3 * M + S - 1)
+    if schedule == "interleaved":
+        return (S - 1) / (R * M + S - 1)
     return 1.0 - R * M / n_iterations(S, M, R)
 
 
