@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib.util
 import json
 from dataclasses import dataclass, replace
 from typing import Any
@@ -86,6 +87,15 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class LogConfig:
+    """Where per-step metrics go besides out/metrics.jsonl and TensorBoard (out/tb)."""
+
+    wandb: bool = setting(False, "also log to Weights & Biases (extra `wandb`); a resumed run continues its curves")
+    wandb_project: str = setting("jaxpar", "Weights & Biases project name")
+    wandb_mode: str = setting("offline", "offline (files under out/wandb; `wandb sync` uploads them) | online")
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = setting(factory=lambda: PRESETS["gpt2"])
     mesh: MeshConfig = setting(factory=MeshConfig)
@@ -94,6 +104,7 @@ class Config:
     eval: EvalConfig = setting(factory=EvalConfig)
     sharding: ShardingConfig = setting(factory=ShardingConfig)
     tensor: TensorConfig = setting(factory=TensorConfig)
+    log: LogConfig = setting(factory=LogConfig)
     # written as `model=<preset>` (apply_overrides); model.* keys then refine the preset
     model_name: str = setting("gpt2", "model preset: " + " | ".join(PRESETS))
     data: str = setting("", "text file or folder (tokenized into out/data), or a prepared dir; empty: built-in tiny Shakespeare")
@@ -129,7 +140,7 @@ PARAM_GROUPS = GROUP_NAMES  # OSDP groups, defined in jaxpar.parallel.groups
 
 
 SECTIONS = {"model": ModelConfig, "mesh": MeshConfig, "pipeline": PipelineConfig, "train": TrainConfig, "eval": EvalConfig,
-            "sharding": ShardingConfig, "tensor": TensorConfig}
+            "sharding": ShardingConfig, "tensor": TensorConfig, "log": LogConfig}
 
 
 def apply_overrides(cfg: Config, items: dict[str, Any]) -> Config:
@@ -225,6 +236,10 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"pipeline.gather={cfg.pipeline.gather!r} must be one of {', '.join(GATHERS)}")
     if cfg.progress not in ("auto", "bar", "plain", "none"):
         raise ConfigError(f"progress={cfg.progress!r} must be one of auto, bar, plain, none")
+    if cfg.log.wandb_mode not in ("offline", "online"):
+        raise ConfigError(f"log.wandb_mode={cfg.log.wandb_mode!r} must be offline or online")
+    if cfg.log.wandb and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("log.wandb=true needs the wandb package: pip install -e '.[wandb]'")
     check_mesh_sizes(cfg.mesh)
     return cfg
 

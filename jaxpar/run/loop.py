@@ -31,7 +31,7 @@ from jaxpar.run.checkpoint import Checkpointer, restore
 from jaxpar.run.ckpt_clock import CheckpointClock
 from jaxpar.run.evaluation import mean_loss
 from jaxpar.run.launch import LOST_PEER_EXIT
-from jaxpar.run.metrics import METRICS_FILE, MetricsLogger, truncate_after
+from jaxpar.run.metrics import METRICS_FILE, MetricsLogger, start_wandb, truncate_after
 from jaxpar.train import build_trainer, device_peak_flops, resolve_layout
 
 
@@ -271,7 +271,11 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
     flops_tok = cfg.model.flops_per_token(tc.seq_len)
     peak = device_peak_flops(cfg)  # None: no MFU (the metrics carry FLOP/s only)
     peak = peak * jax.device_count() if peak else None
-    logger = MetricsLogger(cfg.out, tc.steps, start, cfg.progress, enabled=is_main, print_every=tc.log_every)
+    wandb_run = None
+    if is_main and cfg.log.wandb:
+        wandb_run = start_wandb(cfg.out, cfg.log, start, dataclasses.asdict(settings_of(cfg)))
+    logger = MetricsLogger(cfg.out, tc.steps, start, cfg.progress, enabled=is_main, print_every=tc.log_every,
+                           wandb_run=wandb_run)
     if resume_step is not None:
         logger.message(f"resumed from step {start} ({os.path.join(cfg.out, 'ckpt')})")
     elif restart:

@@ -1,6 +1,13 @@
-"""Per-step metrics: `<out>/metrics.jsonl`, console progress and optional TensorBoard.
+"""Per-step metrics: `<out>/metrics.jsonl`, console progress, TensorBoard and optional W&B.
 
 Only process 0 writes. Console: a rich progress bar on a TTY, plain lines otherwise.
+
+A resumed run continues the curves of the run it resumes in all three sinks. metrics.jsonl
+drops the lines after the checkpoint (`truncate_after`). TensorBoard gets `purge_step`: the new
+event file starts with a SessionLog START at the first replayed step, and TensorBoard drops the
+older files' events from that step on. W&B resumes the same run id (kept in `<out>/wandb_id`)
+and plots against the logged `step`, so the replayed steps (bit-identical on resume) land on the
+same points instead of being dropped as W&B drops an internal step that goes backwards.
 """
 
 from __future__ import annotations
@@ -8,10 +15,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+import uuid
 
 from gpt2common.writes import WriteFailed, refused_write, write_atomic
 
 METRICS_FILE = "metrics.jsonl"
+WANDB_ID_FILE = "wandb_id"
 
 
 def _step_of(line: str) -> int | None:
@@ -61,21 +70,46 @@ def flops_text(flops_per_s: float) -> str:
     return f"{flops_per_s:.3g} FLOP/s"
 
 
+def start_wandb(out_dir: str, log, start_step: int, config: dict):
+    """A W&B run under `<out>/wandb`: a fresh run (start_step 0) gets a new id, a resume the one
+    in `<out>/wandb_id`. `log` is config.LogConfig."""
+    import wandb
+
+    id_path = os.path.join(out_dir, WANDB_ID_FILE)
+    run_id = None
+    if start_step > 0 and os.path.exists(id_path):
+        with open(id_path) as f:
+            run_id = f.read().strip() or None
+    if run_id is None:
+        run_id = uuid.uuid4().hex[:8]  # W&B run ids: lowercase letters and digits
+        write_atomic(id_path, run_id + "\n")
+    run = wandb.init(project=log.wandb_project, id=run_id, resume="allow", dir=out_dir, mode=log.wandb_mode,
+                     config=config, settings=wandb.Settings(silent=True, console="off"))
+    run.define_metric("step")
+    run.define_metric("*", step_metric="step")
+    return run
+
+
 class MetricsLogger:
     def __init__(self, out_dir: str, total_steps: int, start_step: int, progress: str = "auto", enabled=True,
-                 print_every: int = 1):
+                 print_every: int = 1, wandb_run=None):
         self.enabled, self.total, self.print_every = enabled, total_steps, max(print_every, 1)
         self.path = os.path.join(out_dir, METRICS_FILE)
         self.tb_dir = os.path.join(out_dir, "tb")
         self.write_failed = False
         self.tb = None
+        self.wandb = wandb_run
         self.bar = None
         if not enabled:
             return
         self.file = open(self.path, "a")
         try:
             SummaryWriter = _import_summary_writer()
-            self.tb = SummaryWriter(self.tb_dir)
+            # purge_step: TensorBoard drops the earlier files' events from the first replayed step on.
+            # The suffix keeps a resume in the same second from reusing the file name
+            # (events.out.tfevents.<seconds>.<host>) and truncating the earlier run's file.
+            self.tb = SummaryWriter(self.tb_dir, purge_step=start_step + 1 if start_step else None,
+                                    filename_suffix=f".{os.getpid()}.{start_step}")
         except ImportError:
             pass
         mode = progress if progress != "auto" else ("bar" if sys.stdout.isatty() else "plain")
@@ -102,6 +136,8 @@ class MetricsLogger:
             for k, v in rec.items():
                 if k != "step" and isinstance(v, (int, float)):
                     self.tb.add_scalar(k, v, rec["step"])
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in rec.items() if isinstance(v, (int, float))})
         loss = "non-finite" if rec["loss"] is None else f"{rec['loss']:.4f}"  # None: NaN/inf (JSON has none)
         # MFU only against a known peak (jaxpar.train.device_peak_flops); otherwise the FLOP/s reached
         rate = f"mfu {rec['mfu'] * 100:.2f}%" if "mfu" in rec else flops_text(rec["flops_per_s"])
@@ -127,6 +163,8 @@ class MetricsLogger:
             return
         if self.bar is not None:
             self.bar.stop()
+        if self.wandb is not None:
+            self.wandb.finish()
         tb_failed = None
         if self.tb is not None:
             try:
