@@ -127,6 +127,21 @@ def _inference_base(checkpoint: str, hf_dir: str) -> tuple[C.Config, dict | None
                                precision="fp32"), None
 
 
+def _run_data(checkpoint: str) -> str:
+    """The prepared data a run trained on, for `eval` without data=: `<run>/data` (where raw text
+    and the built-in corpus are tokenized), else the prepared dir its config.json names."""
+    from gpt2common import data as data_lib
+
+    if checkpoint:
+        if data_lib.is_prepared(own := os.path.join(checkpoint, "data")):
+            return own
+        named = run_config(checkpoint).data
+        if named and data_lib.is_prepared(named):
+            return named
+    raise ConfigError("eval needs data=<prepared dir | .bin file>" +
+                      (f" (checkpoint={checkpoint!r} holds no prepared data)" if checkpoint else ""))
+
+
 def evaluate(argv: list[str]) -> int:
     """Loss over windows k*T..k*T+T of val.bin (or a .bin); prints {"loss","perplexity","tokens"}.
     Runs on one device, or on the mesh given by `mesh.*` (through the pipeline if mesh.pipe > 1)."""
@@ -141,7 +156,7 @@ def evaluate(argv: list[str]) -> int:
     if bool(ckpt) == bool(hf_dir):
         raise ConfigError("eval needs exactly one of checkpoint=<run dir> or hf=<dir>")
     if not data_arg:
-        raise ConfigError("eval needs data=<prepared dir | .bin file>")
+        data_arg = _run_data(ckpt)
     base, hf_params = _inference_base(ckpt, hf_dir)
     cfg = C.resolve_kv(kv, path, base)
     if os.path.isdir(data_arg):

@@ -19,7 +19,7 @@ from jaxpar.run import options as O
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("[--config FILE.yaml] [key=value ...]", "train GPT-2 and write a run directory (out=)"),
     "prepare": ("input=<file|folder> out=<dir> [tokenizer=...]", "tokenize text into train.bin / val.bin"),
-    "eval": ("(checkpoint=<run dir> | hf=<dir>) data=<prepared dir | .bin> [key=value ...]",
+    "eval": ("(checkpoint=<run dir> [data=<prepared dir | .bin>] | hf=<dir> data=<prepared dir | .bin>) [key=value ...]",
              "loss and perplexity of a run or an HF model on held-out tokens"),
     "sample": ("checkpoint=<run dir> [prompt=...] [key=value ...]", "generate text from a run"),
     "convert": ("hf=<dir> out=<run dir>  |  checkpoint=<run dir> to_hf=<dir>",

@@ -57,14 +57,15 @@ def test_run_dir_contents(trained):
 def test_eval_checkpoint_matches_contract(trained, tmp_path):
     """Reference: HF transformers on the checkpoint's weights over windows k*64..k*64+64 of
     val.bin, k = 0..4 (the README's `jaxpar eval` contract), computed here by hand; then the same number
-    from a raw .bin and another batching."""
+    from a raw .bin and another batching. Without data= eval reads the run's own prepared data
+    (out/data, where the built-in corpus was tokenized)."""
     from support.claims_helpers import hf_mean_nll, hf_model
 
     from gpt2common.data import load_tokens
     from jaxpar.run.commands import load_model
 
     out, _ = trained
-    r = run(["eval", f"checkpoint={out}", f"data={out / 'data'}", "eval.windows=5", "train.batch_size=2"])
+    r = run(["eval", f"checkpoint={out}", "eval.windows=5", "train.batch_size=2"])
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["tokens"] == 5 * 64
@@ -80,6 +81,23 @@ def test_eval_checkpoint_matches_contract(trained, tmp_path):
               "train.batch_size=100000"])
     assert r2.returncode == 0, r2.stderr
     assert abs(json.loads(r2.stdout)["loss"] - res["loss"]) < 1e-5
+
+
+def test_eval_without_data_names_what_it_looked_for(tmp_path):
+    """A run dir with no out/data and a config naming raw text (not a prepared dir): one line."""
+    from jaxpar.config import Config, ConfigError, dumps
+    from jaxpar.run.commands import _run_data
+
+    (tmp_path / "config.json").write_text(dumps(Config(data=str(tmp_path / "text.txt"))))
+    with pytest.raises(ConfigError) as e:
+        _run_data(str(tmp_path))
+    assert str(e.value) == f"eval needs data=<prepared dir | .bin file> (checkpoint={str(tmp_path)!r} holds no prepared data)"
+    prepared = tmp_path / "prep"
+    prepared.mkdir()
+    (prepared / "meta.json").write_text("{}")
+    (prepared / "train.bin").write_bytes(b"")
+    (tmp_path / "config.json").write_text(dumps(Config(data=str(prepared))))
+    assert _run_data(str(tmp_path)) == str(prepared)
 
 
 def test_sample_is_deterministic(trained):
