@@ -12,8 +12,11 @@ same points instead of being dropped as W&B drops an internal step that goes bac
 
 from __future__ import annotations
 
+import collections
 import json
+import math
 import os
+import statistics
 import sys
 import uuid
 
@@ -90,6 +93,16 @@ def start_wandb(out_dir: str, log, start_step: int, config: dict):
     return run
 
 
+def eta_text(seconds: float) -> str:
+    """'12s', '4m05s', '2h07m': the time left, rounded up."""
+    s = math.ceil(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 class MetricsLogger:
     def __init__(self, out_dir: str, total_steps: int, start_step: int, progress: str = "auto", enabled=True,
                  print_every: int = 1, wandb_run=None):
@@ -99,6 +112,8 @@ class MetricsLogger:
         self.write_failed = False
         self.tb = None
         self.wandb = wandb_run
+        # the last step times, for the plain lines' ETA (their median: compile and eval steps do not skew it)
+        self.recent = collections.deque(maxlen=20)
         self.bar = None
         if not enabled:
             return
@@ -146,8 +161,12 @@ class MetricsLogger:
             info += f" | val {rec['val_loss']:.4f}"
         if self.bar is not None:
             self.bar.update(self.task, completed=rec["step"], info=info)
-        elif self.mode == "plain" and (rec["step"] % self.print_every == 0 or rec["step"] == self.total
-                                       or "val_loss" in rec):
+            return
+        self.recent.append(rec["step_time_s"])
+        if self.mode == "plain" and (rec["step"] % self.print_every == 0 or rec["step"] == self.total
+                                     or "val_loss" in rec):
+            if rec["step"] < self.total:
+                info += f" | eta {eta_text(statistics.median(self.recent) * (self.total - rec['step']))}"
             print(f"step {rec['step']:>6}/{self.total} | {info}", flush=True)
 
     def message(self, text: str) -> None:
