@@ -11,8 +11,10 @@ Rules (README "Reliability"):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import sys
 
 from gpt2common.grammar import load_yaml, parse_value
 from gpt2common.outdir import check_free, check_writable, entries
@@ -78,6 +80,22 @@ def read_run_config(out: str) -> Config:
         raise ConfigError(f"resume=true but {path!r} is corrupt") from None
 
 
+def _vocab_from_data(cfg: Config, given: dict) -> Config:
+    """A prepared data dir whose vocab outgrows the preset's (a BPE corpus with model=gpt2-tiny)
+    sets model.vocab_size to it, unless the user named model.vocab_size or init= (whose weights
+    fix the vocab); a vocab the user set too small stays an error when the data is read."""
+    from gpt2common import data as data_lib
+
+    if "model.vocab_size" in given or cfg.init or not cfg.data or not data_lib.is_prepared(cfg.data):
+        return cfg
+    vocab = data_lib.read_meta(cfg.data)["vocab_size"]
+    if vocab <= cfg.model.vocab_size:
+        return cfg
+    print(f"model.vocab_size={vocab}: the vocab of data={cfg.data!r} (the {cfg.model_name} preset has "
+          f"{cfg.model.vocab_size})", file=sys.stderr)
+    return C.validate(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab)))
+
+
 def resolve_train(kv: dict, config_file: str | None, writer: bool = True) -> Config:
     """`jaxpar train` settings. With resume=true the run's own config.json is the base and only
     the keys given (YAML, then key=value) are applied; keys that change shapes or data are refused.
@@ -91,7 +109,7 @@ def resolve_train(kv: dict, config_file: str | None, writer: bool = True) -> Con
     if writer and not parse_value(bool, given.get("dry_run", False), "dry_run"):
         check_free(out)
     if not resume:
-        return C.resolve_kv(kv, base=None, file_kv=file_kv)
+        return _vocab_from_data(C.resolve_kv(kv, base=None, file_kv=file_kv), given)
     saved = read_run_config(out)
     # The checkpoint holds the weights (init= is spent) and the plan was applied when the run began.
     base = C.Config(**{**{f: getattr(saved, f) for f in saved.__dataclass_fields__}, "init": "", "plan": "",

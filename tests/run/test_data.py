@@ -131,3 +131,27 @@ def test_a_meta_json_whose_vocab_size_is_not_an_integer_is_corrupt(tmp_path):
         with pytest.raises(ConfigError) as e:
             data.read_meta(str(tmp_path), 256)
         assert str(e.value) == f"data={str(tmp_path)!r}: meta.json is missing or corrupt"
+
+
+def test_a_prepared_vocab_larger_than_the_preset_sets_model_vocab_size(tmp_path, capsys):
+    """model=gpt2-tiny (vocab 256) on a prepared BPE dir of a larger vocab: the model takes it and
+    says so on stderr; a model.vocab_size the user names is kept, and a smaller
+    prepared vocab changes nothing."""
+    from jaxpar.run.rundir import resolve_train
+
+    text = "hello world, this is some text for a bpe tokenizer. " * 300
+    big, small = str(tmp_path / "bpe"), str(tmp_path / "byte")
+    data.prepare(text, big, "bpe")  # a tokenizer trained on the text: its vocab is what it learned
+    data.prepare(text[:2000], small, "byte")
+    vocab = data.read_meta(big)["vocab_size"]
+    assert vocab > 256
+    cfg = resolve_train({"model": "gpt2-tiny", "data": big}, None, writer=False)
+    assert cfg.model.vocab_size == vocab
+    assert capsys.readouterr().err == (f"model.vocab_size={vocab}: the vocab of data={big!r} (the gpt2-tiny preset "
+                                       f"has 256)\n")
+    assert resolve_train({"model": "gpt2-tiny", "data": small}, None, writer=False).model.vocab_size == 256
+    named = resolve_train({"model": "gpt2-tiny", "data": big, "model.vocab_size": "256"}, None, writer=False)
+    assert named.model.vocab_size == 256  # refused later, when the data is read, naming both numbers
+    assert capsys.readouterr().err == ""
+    with pytest.raises(ConfigError, match=r"^model\.vocab_size=0 must be positive$"):
+        resolve_train({"model": "gpt2-tiny", "data": big, "model.vocab_size": "0"}, None, writer=False)
