@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -148,9 +149,30 @@ def save_hf(path: str, cfg: ModelConfig, params: Params) -> None:
     write_atomic(os.path.join(path, "config.json"), json.dumps(hf_config_dict(cfg), indent=2))
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # gpt2, openai-community/gpt2
+
+
+def cached_snapshot(name: str) -> str | None:
+    """The local Hugging Face cache's snapshot dir of hub model `name` (`init=gpt2` as
+    transformers resolves it offline), or None. Never downloads; HF_HOME / HF_HUB_CACHE apply."""
+    if os.path.exists(name) or not HUB_ID.fullmatch(name):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:
+        return None
+    try:
+        return snapshot_download(name, local_files_only=True)
+    except (LocalEntryNotFoundError, ValueError, OSError):
+        return None
+
+
 def load_hf(path: str, key: str = "") -> tuple[ModelConfig, Params]:
-    """Read an HF save_pretrained dir (safetensors) into (ModelConfig, params). With `key` (init,
-    hf: the key the user gave `path` by), errors name it."""
+    """Read an HF save_pretrained dir (safetensors), or a hub model's snapshot in the local
+    Hugging Face cache, into (ModelConfig, params). With `key` (init, hf: the key the user gave
+    `path` by), errors name it."""
+    path = cached_snapshot(path) or path
     if key:
         try:
             return load_hf(path)

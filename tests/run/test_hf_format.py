@@ -104,3 +104,26 @@ def test_a_config_without_the_shape_fields_is_one_error(tmp_path):
         with pytest.raises(ConfigError) as e:
             hf.load_hf(str(tmp_path))
         assert str(e.value) == f"{str(tmp_path)!r}: {msg}"
+
+
+def test_a_hub_name_loads_from_the_local_cache_only(tmp_path, monkeypatch):
+    """`init=org/name` as transformers resolves it offline: the cache's refs/main names the
+    snapshot dir holding the save. A name not in the cache keeps the dir error (no download)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)  # a relative dir named like the model must not exist here
+    revision = "0" * 40
+    repo = tmp_path / "hub" / "models--someorg--tiny-gpt2"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    params = init_params(MC, seed=3)
+    hf.save_hf(str(repo / "snapshots" / revision), MC, params)
+    cfg, back = hf.load_hf("someorg/tiny-gpt2", "init")
+    assert cfg == MC
+    a, b = _flat(params), _flat(back)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k].astype(np.float32), b[k]) for k in a)
+    with pytest.raises(ConfigError) as e:
+        hf.load_hf("someorg/not-cached", "init")
+    assert str(e.value) == "init='someorg/not-cached' is not an HF save_pretrained dir (no config.json)"
+    assert hf.cached_snapshot("../escape") is None and hf.cached_snapshot("a/b/c") is None
