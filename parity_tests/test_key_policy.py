@@ -32,7 +32,7 @@ SAMPLE = {
     "train.vocab_chunks": "2", "train.mlp_chunks": "2", "eval.windows": "4", "sharding.replicate": "embed",
     "data": "some/dir", "tokenizer": "bpe", "precision": "fp32", "seed": "9", "init": "",  # init: checked below
     "out": "runs/x", "resume": "true", "plan": "auto", "dry_run": "true", "device_peak_flops": "1e12",
-    "progress": "none",
+    "progress": "none", "log.wandb": "false", "log.wandb_project": "p", "log.wandb_mode": "online",
 }
 
 

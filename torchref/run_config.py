@@ -67,6 +67,8 @@ KEY_POLICY: dict[str, tuple[str, str]] = {
     "dry_run": ("rejected", "torchref does not compile"),
     "device_peak_flops": ("no-math", "MFU only"),
     "progress": ("no-math", "console display"),
+    **{f"log.{k}": ("no-math", "Weights & Biases logging (torchref writes metrics.jsonl only)")
+       for k in ("wandb", "wandb_project", "wandb_mode")},
 }
 
 # Keys torchref parses but does not hold: {key: (type, jaxpar's default)}.
@@ -80,7 +82,8 @@ IGNORED: dict[str, tuple[Any, Any]] = {
     "train.skip_nonfinite": (bool, False), "train.remat": (str, "none"), "train.vocab_chunks": (int, 1),
     "train.mlp_chunks": (int, 1), "eval.windows": (int, 0), "sharding.replicate": (tuple[str, ...], ()),
     "resume": (bool, False), "plan": (str, ""), "dry_run": (bool, False), "device_peak_flops": (float, 0.0),
-    "progress": (str, "auto"),
+    "progress": (str, "auto"), "log.wandb": (bool, False), "log.wandb_project": (str, "jaxpar"),
+    "log.wandb_mode": (str, "offline"),
 }
 
 

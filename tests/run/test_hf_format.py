@@ -126,4 +126,4 @@ def test_a_hub_name_loads_from_the_local_cache_only(tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as e:
         hf.load_hf("someorg/not-cached", "init")
     assert str(e.value) == "init='someorg/not-cached' is not an HF save_pretrained dir (no config.json)"
-    assert hf.cached_snapshot("../escape") is None and hf.cached_snapshot("a/b/c") is None
+    assert hf.cached_snapshot(".hidden") is None and hf.cached_snapshot("a/b/c") is None
