@@ -65,6 +65,9 @@ def prepare_config(cfg: Config) -> tuple[Config, ParallelLayout, dict | None]:
         model_cfg = dataclasses.replace(model_cfg, dropout=cfg.model.dropout)
         # the model section came from the weights: its checks run once more, on the new shape
         cfg = validate(dataclasses.replace(cfg, model=model_cfg, model_name=f"hf:{cfg.init}"))
+    from jaxpar.run.handoff import check_init_state
+
+    check_init_state(cfg)  # a state that cannot continue this run is refused before any write
     layout = resolve_layout(cfg, jax.device_count())  # every parallel decision, validated once
     for w in layout.warnings:
         print(w, file=sys.stderr)
@@ -165,7 +168,7 @@ def run_train(cfg: Config) -> int:
             resume_step, restart = rundir.check_out_dir(cfg, _latest_step)
         ds = _prepare_data(cfg, is_main)
         trainer = build_trainer(layout)
-        state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step)
+        state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step, ds)
         # after the restore, which may have moved damaged steps aside
         ckpt = Checkpointer(cfg.out, max_to_keep=cfg.train.keep_checkpoints)
         try:
@@ -238,9 +241,13 @@ def _lost_peer(e: Exception) -> None:
     os._exit(LOST_PEER_EXIT)
 
 
-def _initial_state(cfg, trainer, init_params, resume_step) -> tuple[dict, int, int]:
-    """(state, start step, non-finite steps skipped so far): fresh, or the newest intact
-    checkpoint resharded onto this mesh (damaged steps skipped, see jaxpar.run.checkpoint.restore)."""
+def _initial_state(cfg, trainer, init_params, resume_step, ds) -> tuple[dict, int, int]:
+    """(state, start step, non-finite steps skipped so far): fresh, from `init_state=`, or the newest
+    intact checkpoint resharded onto this mesh (damaged steps skipped, see jaxpar.run.checkpoint.restore)."""
+    if resume_step is None and cfg.init_state:
+        from jaxpar.run.handoff import check_init_state, initial_state
+
+        return initial_state(cfg, trainer, check_init_state(cfg), ds)
     if resume_step is None:
         params = init_params if init_params is not None else gpt2.init_params(cfg.model, cfg.seed)
         return trainer.init_state(params), 0, 0
@@ -278,6 +285,8 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
                            wandb_run=wandb_run)
     if resume_step is not None:
         logger.message(f"resumed from step {start} ({os.path.join(cfg.out, 'ckpt')})")
+    elif cfg.init_state:
+        logger.message(f"continuing the training state {cfg.init_state} from step {start}")
     elif restart:
         logger.message(f"out={cfg.out} held a run that failed before its first checkpoint; starting it over")
     fault = _fault_injection()
