@@ -236,8 +236,10 @@ def train(cfg: RunConfig, ref: RefConfig) -> dict:
     if ref.device == "cuda" and not _cuda():
         raise ConfigError("device=cuda needs a CUDA GPU (torch.cuda.is_available() is False here)")
     from gpt2common.outdir import hold
+    from torchref.handoff import check
 
     check_out(Path(cfg.out))
+    check(cfg, ref)  # a state that cannot continue this run: refused before out is created
     lock = hold(cfg.out)  # this process holds out until the run ends (gpt2common/outdir.py)
     try:
         job = prepare(cfg, ref)
