@@ -82,10 +82,9 @@ def prepare(cfg: RunConfig, ref: RefConfig):
     from gpt2common.data import Dataset, resolve_data
     from gpt2common.hf import hf_config_dict, model_config_from_hf
     from gpt2common.outdir import make_out
+    from torchref import handoff
     from torchref.model import initial_state_dict, save_weights
     from torchref.runtime import Job
-
-    from torchref import handoff
 
     out = Path(cfg.out)
     check_out(out)
