@@ -16,6 +16,7 @@ USAGE = """usage: torchref <command> [--config FILE.yaml] [key=value ...]
 commands:
   train     strategy=single|single-ps|distributed-ps|horovod|distributed-ps-amp|horovod-amp workers=N
             + the model/train/data/init/seed/out keys of `jaxpar train`
+            init_state=DIR continues a training state; state_every=N writes <out>/state/<step>/
   compare   workers=2,4 [same keys]: all six strategies, table (markdown+JSON) + PNG in out=
 """
 
