@@ -13,6 +13,8 @@ processes start without jax and the reference stays independent of the code it c
   hf_tokenizer.py  a run's tokenizer as HF tokenizer files (AutoTokenizer)
   data.py     the data layout: tokenizers, uint16 token files, the (seed, step) batch order
   outdir.py   the two checks any run makes on `out=` before writing (writable, creatable)
+  state.py    the training-state format (weights, AdamW moments, step, data position, RNG) both
+              frameworks write and continue (docs/state_format.md)
 
 Everything here is numpy + the standard library (+ safetensors, tokenizers, pyyaml).
 """

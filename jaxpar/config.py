@@ -114,6 +114,8 @@ class Config:
     out: str = setting("runs/latest", "run directory (config.json, metrics.jsonl, ckpt/, tb/)")
     resume: bool = setting(False, "continue the run in out= from its newest checkpoint")
     init: str = setting("", "start from these weights: an HF save_pretrained dir")
+    init_state: str = setting("", "continue a training state dir (jaxpar convert to_state=, torchref state_every=): "
+                              "weights, AdamW moments, step; docs/state_format.md")
     plan: str = setting("", "apply a plan: auto (search now) | a plan.json from jaxpar plan")
     dry_run: bool = setting(False, "compile the step, print memory and collectives, do not train")
     device_peak_flops: float = setting(0.0, "peak FLOP/s per device for MFU; 0: the GPU table (no MFU elsewhere)")

@@ -38,6 +38,23 @@ def _replace_states(opt_state: Any, adam: Callable, sched: Callable) -> Any:
     return opt_state
 
 
+def adam_states(opt_state: Any) -> tuple[optax.ScaleByAdamState, optax.ScaleByScheduleState]:
+    """The one ScaleByAdamState (count, mu, nu) and ScaleByScheduleState (count) of
+    `train.make_optimizer`'s state: what a training-state dir holds besides the weights."""
+    adams, scheds = [], []
+    _replace_states(opt_state, lambda s: adams.append(s) or s, lambda s: scheds.append(s) or s)
+    if len(adams) != 1 or len(scheds) != 1:
+        raise ValueError(f"expected one ScaleByAdamState and one ScaleByScheduleState in {opt_state}")
+    return adams[0], scheds[0]
+
+
+def with_adam_states(opt_state: Any, count: Any, mu: Any, nu: Any, schedule_count: Any) -> Any:
+    """`opt_state` (any leaves: arrays or ShapeDtypeStructs) with the AdamW count and moments and
+    the schedule count replaced; the tree structure is kept, so shardings still apply."""
+    return _replace_states(opt_state, lambda s: s._replace(count=count, mu=mu, nu=nu),
+                           lambda s: s._replace(count=schedule_count))
+
+
 def make_update(tc: TrainConfig, schedule: optax.Schedule, mask_fn: Callable) -> Callable:
     """(grads, grad_norm, opt_state, params, ok) -> (params, opt_state), the step of
     `train.make_optimizer(tc)` (schedule = train.lr_schedule(tc), mask_fn = train.decay_mask).
@@ -50,11 +67,7 @@ def make_update(tc: TrainConfig, schedule: optax.Schedule, mask_fn: Callable) ->
     b1, b2, eps, wd, clip = tc.beta1, tc.beta2, tc.eps, tc.weight_decay, tc.grad_clip
 
     def update(grads, grad_norm, opt_state, params, ok):
-        adams, scheds = [], []
-        _replace_states(opt_state, lambda s: adams.append(s) or s, lambda s: scheds.append(s) or s)
-        if len(adams) != 1 or len(scheds) != 1:
-            raise ValueError(f"expected one ScaleByAdamState and one ScaleByScheduleState in {opt_state}")
-        adam, sched = adams[0], scheds[0]
+        adam, sched = adam_states(opt_state)
         count = optax.safe_increment(adam.count)
         # optax.tree.bias_correction's denominators, computed once: written inside the per-leaf
         # expression, XLA turned m / bc into m * (1 / bc), which rounds differently (1 ulp).

@@ -31,6 +31,7 @@ SAMPLE = {
     "tensor.sequence_parallel": "true", "train.log_every": "2", "train.skip_nonfinite": "true", "train.remat": "full",
     "train.vocab_chunks": "2", "train.mlp_chunks": "2", "eval.windows": "4", "sharding.replicate": "embed",
     "data": "some/dir", "tokenizer": "bpe", "precision": "fp32", "seed": "9", "init": "",  # init: checked below
+    "init_state": "some/state",
     "out": "runs/x", "resume": "true", "plan": "auto", "dry_run": "true", "device_peak_flops": "1e12",
     "progress": "none", "log.wandb": "false", "log.wandb_project": "p", "log.wandb_mode": "online",
 }
@@ -159,6 +160,7 @@ CHECKED_ELSEWHERE = {
     "tokenizer": "examples read prepared token dirs; raw text goes through gpt2common.data in both (test_data.py)",
     "precision": "fp32 here; the bf16 rows of the matrix (parity_tests/matrix.py)",
     "init": "test_property_parity.test_default_train_settings_from_one_hf_init and every matrix row",
+    "init_state": "both directions of the training-state handoff in test_state_handoff.py",
     "pipeline.gather": "torchref has no pipeline; gather=layer vs one device in tests/parallel/test_pipeline.py",
     "tensor.sequence_parallel": "torchref has no tensor parallelism; on vs off vs one device in "
                                 "tests/parallel/test_sequence_parallel.py",

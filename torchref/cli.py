@@ -16,6 +16,7 @@ USAGE = """usage: torchref <command> [--config FILE.yaml] [key=value ...]
 commands:
   train     strategy=single|single-ps|distributed-ps|horovod|distributed-ps-amp|horovod-amp workers=N
             + the model/train/data/init/seed/out keys of `jaxpar train`
+            init_state=DIR continues a training state; state_every=N writes <out>/state/<step>/
   compare   workers=2,4 [same keys]: all six strategies, table (markdown+JSON) + PNG in out=
 """
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
             cfg, ref = resolve_ref(args, cfg_file)
             print(json.dumps({"torchref": ref_to_dict(ref), "model": cfg.model.__dict__, "train": cfg.train.__dict__,
-                              "data": cfg.data or "(built-in)", "init": cfg.init, "seed": cfg.seed, "out": cfg.out}),
+                              "data": cfg.data or "(built-in)", "init": cfg.init, "init_state": cfg.init_state, "seed": cfg.seed, "out": cfg.out}),
                   flush=True)
             s = train(cfg, ref)
             print(json.dumps({k: s[k] for k in ("strategy", "workers", "steps", "final_loss", "wall_s", "out")}))

@@ -15,6 +15,8 @@ rejected with one line) plus the keys below, which only mean something to the Py
                              unless asked, whether or not CUDA exists
   backend=auto|gloo|nccl     torch.distributed backend (auto: nccl with device=cuda, gloo with cpu)
   timeout_s=120              collective timeout; a dead peer ends the run within this bound
+  state_every=0              write the training state to <out>/state/<step>/ every N steps and
+                             after the last (docs/state_format.md); 0: never
   debug.grad_step=0          save the averaged gradient of this step (1-based) to grads_step<K>.safetensors
   debug.crash_rank=-1, debug.crash_step=0   fault injection: that worker exits at that step
 """
@@ -74,6 +76,7 @@ class RefConfig:
     device: str = "cpu"
     backend: str = "auto"
     timeout_s: float = 120.0
+    state_every: int = 0  # write <out>/state/<step>/ every N steps and after the last; 0: never
     ps: PSConfig = field(default_factory=PSConfig)
     ddp: DDPConfig = field(default_factory=DDPConfig)
     horovod: HorovodConfig = field(default_factory=HorovodConfig)
@@ -97,7 +100,7 @@ class RefConfig:
 
 
 _SECTIONS = {"ps": PSConfig, "ddp": DDPConfig, "horovod": HorovodConfig, "amp": AMPConfig, "debug": DebugConfig}
-_TOP = ("strategy", "workers", "device", "backend", "timeout_s")
+_TOP = ("strategy", "workers", "device", "backend", "timeout_s", "state_every")
 
 
 def _fname(section: str, key: str) -> str:
@@ -168,6 +171,11 @@ def validate_ref(cfg: RunConfig, ref: RefConfig) -> None:
         raise ConfigError(f"ddp.bucket_mb={ref.ddp.bucket_mb} and horovod.fusion_mb={ref.horovod.fusion_mb} must be positive")
     if ref.timeout_s <= 0:
         raise ConfigError(f"timeout_s={ref.timeout_s} must be positive")
+    if ref.state_every < 0:
+        raise ConfigError(f"state_every={ref.state_every} must be >= 0 (0: no training state is written)")
+    if ref.state_every and ref.strategy == "single-ps":
+        raise ConfigError("state_every= needs an all-reduce strategy; strategy=single-ps keeps its optimizer "
+                          "on the server")
 
 
 def resolve_ref(args: list[str], config_file: str | None = None) -> tuple[RunConfig, RefConfig]:

@@ -55,7 +55,8 @@ def check_mpi() -> str:
 
 
 # What a torchref run writes into its out dir; a dir holding anything else is not ours to reuse.
-RUN_ENTRIES = {"metrics.jsonl", "summary.json", "job.json", "config.json", "procs", "logs", "data", "init", "hf"}
+RUN_ENTRIES = {"metrics.jsonl", "summary.json", "job.json", "config.json", "procs", "logs", "data", "init", "hf",
+               "state"}
 
 
 def check_out(out: Path) -> None:
@@ -81,27 +82,36 @@ def prepare(cfg: RunConfig, ref: RefConfig):
     from gpt2common.data import Dataset, resolve_data
     from gpt2common.hf import hf_config_dict, model_config_from_hf
     from gpt2common.outdir import make_out
+    from torchref import handoff
     from torchref.model import initial_state_dict, save_weights
     from torchref.runtime import Job
 
     out = Path(cfg.out)
     check_out(out)
+    manifest = handoff.check(cfg, ref)
+    if manifest is not None:  # workers read it after a chdir-free fork or under mpiexec: an absolute path
+        cfg = replace(cfg, init_state=os.path.abspath(cfg.init_state))
     if cfg.init:  # the model shape comes from the weights, as in `jaxpar train init=`
         # dropout stays 0 (torchref rejects model.dropout > 0), not the HF config's resid_pdrop: as jaxpar train
         cfg = replace(cfg, model=model_config_from_hf(cfg.init))
     # Raw text is tokenized into <out>/data only after its checks (length, vocab) pass, and
     # re-tokenized when data= names another source than the one prepared there.
     data_dir = resolve_data(cfg.data, cfg.tokenizer, str(out), cfg.train.seq_len, cfg.model.vocab_size)
-    Dataset.open(data_dir, cfg.model.vocab_size, cfg.train.seq_len)  # validates vocab / length
+    ds = Dataset.open(data_dir, cfg.model.vocab_size, cfg.train.seq_len)  # validates vocab / length
+    if manifest is not None:
+        from gpt2common.state import check_data
+
+        check_data(manifest, cfg.init_state, handoff.KEY, len(ds.train))
+        weights = handoff.weights(cfg.init_state, manifest)  # checksums checked before the first write
     make_out(str(out))
     for stale in ("metrics.jsonl", "summary.json"):  # a failed earlier attempt's leftovers
         (out / stale).unlink(missing_ok=True)
-    for d in ("procs", "logs"):
+    for d in ("procs", "logs", handoff.STATE_DIR):
         shutil.rmtree(out / d, ignore_errors=True)
     for g in out.glob("grads_step*.safetensors"):
         g.unlink()
     init_dir = str(out / "init")
-    save_weights(init_dir, hf_config_dict(cfg.model), initial_state_dict(cfg))
+    save_weights(init_dir, hf_config_dict(cfg.model), weights if manifest is not None else initial_state_dict(cfg))
     job = Job(cfg, ref, os.path.abspath(data_dir), os.path.abspath(init_dir), os.path.abspath(out), free_port())
     (out / "job.json").write_text(job.to_json())
     (out / "config.json").write_text(json.dumps({**run_to_dict(cfg), "torchref": ref_to_dict(ref)}, indent=2))
@@ -225,8 +235,10 @@ def train(cfg: RunConfig, ref: RefConfig) -> dict:
     if ref.device == "cuda" and not _cuda():
         raise ConfigError("device=cuda needs a CUDA GPU (torch.cuda.is_available() is False here)")
     from gpt2common.outdir import hold
+    from torchref.handoff import check
 
     check_out(Path(cfg.out))
+    check(cfg, ref)  # a state that cannot continue this run: refused before out is created
     lock = hold(cfg.out)  # this process holds out until the run ends (gpt2common/outdir.py)
     try:
         job = prepare(cfg, ref)

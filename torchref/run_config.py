@@ -61,6 +61,7 @@ KEY_POLICY: dict[str, tuple[str, str]] = {
     "precision": ("mirrored", "fp32 strategies compute in fp32, -amp ones under autocast(amp.dtype)"),
     "seed": ("mirrored", "same batches and the same numpy init"),
     "init": ("mirrored", "same HF weights"),
+    "init_state": ("mirrored", "same weights, AdamW moments and step (torchref.handoff)"),
     "out": ("no-math", "the run directory"),
     "resume": ("rejected", "torchref has no checkpoints to resume from"),
     "plan": ("rejected", "a plan sets jaxpar's mesh"),
@@ -109,6 +110,7 @@ class RunConfig:
     seed: int = 0
     out: str = "runs/latest"
     init: str = ""  # HF save_pretrained dir to start from
+    init_state: str = ""  # training-state dir to continue (gpt2common.state)
 
 
 SECTIONS = {"model": ModelConfig, "train": TrainSettings}

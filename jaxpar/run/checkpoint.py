@@ -253,14 +253,14 @@ def _quarantine(run_dir: str, step: int) -> str:
 
 
 def restore(run_dir: str, abstract_params, abstract_opt_state=None, quarantine: bool = False,
-            key: str = "checkpoint", accept: Callable[[int], None] | None = None) -> Restored:
+            key: str = "checkpoint", accept: Callable[[int], None] | None = None, step: int | None = None) -> Restored:
     """The newest readable step of `run_dir`, placed with the shardings in the abstract targets
     (trees of `jax.ShapeDtypeStruct(shape, dtype, sharding=...)`); opt_state only if its target
     is given. Unreadable steps are skipped with a warning (and, with `quarantine`, moved to
     `<run>/ckpt.corrupt/`). ConfigError when the run has no checkpoint, no readable step, or
     its arrays do not fit the model. `key` names the CLI argument in messages. `accept(step)` may
     refuse the restored step with a ConfigError before anything is quarantined (a refused
-    command moves nothing)."""
+    command moves nothing). `step`: that step only (no fallback to an older one)."""
     if not os.path.isdir(os.path.join(run_dir, CKPT_DIR)):
         raise ConfigError(f"{key}={run_dir!r} has no {CKPT_DIR}/ directory (not a jaxpar run dir)")
     try:
@@ -273,27 +273,32 @@ def restore(run_dir: str, abstract_params, abstract_opt_state=None, quarantine: 
         steps = ck.steps()
         if not steps:
             raise ConfigError(f"{key}={run_dir!r} holds no complete checkpoint")
-        for step in steps:
-            where = f"{key}={run_dir!r} step {step}"
+        if step is not None:
+            if step not in steps:
+                raise ConfigError(f"{key}={run_dir!r} has no checkpoint step {step} (steps: "
+                                  f"{', '.join(map(str, sorted(steps)))})")
+            steps = [step]
+        for s in steps:
+            where = f"{key}={run_dir!r} step {s}"
             try:
-                r = _restore_step(ck, step, abstract_params, abstract_opt_state, where)
+                r = _restore_step(ck, s, abstract_params, abstract_opt_state, where)
             except ConfigError:
                 raise
             except Exception as e:  # noqa: BLE001 - tensorstore/orbax/json errors of a damaged step
-                failed.append((step, _one_line(e)))
+                failed.append((s, _one_line(e)))
                 continue
             break
         else:  # nothing readable: the one error line lists every step's reason, no warnings
-            tried = "; ".join(f"{step} ({why})" for step, why in failed)
+            tried = "; ".join(f"{s} ({why})" for s, why in failed)
             raise ConfigError(f"{key}={run_dir!r}: no readable checkpoint step (tried {tried})")
     finally:
         ck.close()
     if accept is not None:
         accept(r.step)
-    for step, why in failed:  # never silently: one line per skipped step, naming it
+    for s, why in failed:  # never silently: one line per skipped step, naming it
         # quarantine only once a step was restored: a command that fails writes nothing
-        moved = f"; moved it to {_quarantine(run_dir, step)}" if quarantine else ""
-        _warn(f"skipped unreadable checkpoint step {step} in {ck.dir} ({why}); using step {r.step}{moved}")
+        moved = f"; moved it to {_quarantine(run_dir, s)}" if quarantine else ""
+        _warn(f"skipped unreadable checkpoint step {s} in {ck.dir} ({why}); using step {r.step}{moved}")
     if quarantine and failed and jax.process_count() > 1:
         from jaxpar.parallel.mesh import barrier
 

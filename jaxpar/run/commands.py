@@ -262,7 +262,19 @@ def convert(argv: list[str]) -> int:
         names = export_hf(ckpt, kv["to_hf"], run_config(ckpt), lambda: load_model(ckpt)[1])
         print(f"exported {kv['checkpoint']} -> {kv['to_hf']} ({', '.join(names)})")
         return 0
-    raise ConfigError(f"convert takes hf=DIR out=DIR or checkpoint=DIR to_hf=DIR (got {', '.join(sorted(kv)) or 'nothing'})")
+    if set(kv) in ({"checkpoint", "to_state"}, {"checkpoint", "to_state", "step"}):
+        from gpt2common.grammar import parse_value
+        from gpt2common.state import check_target
+        from jaxpar.run.handoff import export_state
+
+        step = parse_value(int, kv.get("step", 0), "step")
+        if step < 0:
+            raise ConfigError(f"step={step} must be >= 0 (0: the newest checkpoint)")
+        check_target(kv["to_state"], "to_state")
+        m = export_state(kv["checkpoint"], kv["to_state"], run_config(kv["checkpoint"]), step or None)
+        print(f"exported {kv['checkpoint']} step {m['step']} -> {kv['to_state']} (training state)")
+        return 0
+    raise ConfigError(f"convert takes hf=DIR out=DIR, checkpoint=DIR to_hf=DIR or checkpoint=DIR to_state=DIR [step=K] (got {', '.join(sorted(kv)) or 'nothing'})")
 
 
 def plot(argv: list[str]) -> int:

@@ -143,7 +143,7 @@ def command_rows(cmd: str) -> tuple[list[tuple[str, str, str, str]], list[str]]:
             notes.append("Any other `jaxpar train` key is accepted too (jaxpar train --help).")
         return out, notes
     if cmd == "convert":
-        return list(rows(O.ConvertOptions)), ["Give either hf= and out=, or checkpoint= and to_hf=."]
+        return list(rows(O.ConvertOptions)), ["Give either hf= and out=, checkpoint= and to_hf=, or checkpoint= and to_state= (step= optional)."]
     if cmd == "plot":
         return list(rows(O.PlotOptions)), []
     if cmd == "mesh":

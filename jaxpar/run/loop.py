@@ -26,7 +26,7 @@ from gpt2common.writes import WriteFailed, write_atomic
 from jaxpar.config import Config, ConfigError, dumps, settings_of, validate
 from jaxpar.models import gpt2
 from jaxpar.parallel.layout import ParallelLayout
-from jaxpar.run import rundir
+from jaxpar.run import handoff, rundir
 from jaxpar.run.checkpoint import Checkpointer, restore
 from jaxpar.run.ckpt_clock import CheckpointClock
 from jaxpar.run.evaluation import mean_loss
@@ -65,6 +65,7 @@ def prepare_config(cfg: Config) -> tuple[Config, ParallelLayout, dict | None]:
         model_cfg = dataclasses.replace(model_cfg, dropout=cfg.model.dropout)
         # the model section came from the weights: its checks run once more, on the new shape
         cfg = validate(dataclasses.replace(cfg, model=model_cfg, model_name=f"hf:{cfg.init}"))
+    handoff.check_init_state(cfg)  # a state that cannot continue this run is refused before any write
     layout = resolve_layout(cfg, jax.device_count())  # every parallel decision, validated once
     for w in layout.warnings:
         print(w, file=sys.stderr)
@@ -165,7 +166,7 @@ def run_train(cfg: Config) -> int:
             resume_step, restart = rundir.check_out_dir(cfg, _latest_step)
         ds = _prepare_data(cfg, is_main)
         trainer = build_trainer(layout)
-        state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step)
+        state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step, ds)
         # after the restore, which may have moved damaged steps aside
         ckpt = Checkpointer(cfg.out, max_to_keep=cfg.train.keep_checkpoints)
         try:
@@ -238,9 +239,11 @@ def _lost_peer(e: Exception) -> None:
     os._exit(LOST_PEER_EXIT)
 
 
-def _initial_state(cfg, trainer, init_params, resume_step) -> tuple[dict, int, int]:
-    """(state, start step, non-finite steps skipped so far): fresh, or the newest intact
-    checkpoint resharded onto this mesh (damaged steps skipped, see jaxpar.run.checkpoint.restore)."""
+def _initial_state(cfg, trainer, init_params, resume_step, ds) -> tuple[dict, int, int]:
+    """(state, start step, non-finite steps skipped so far): fresh, from `init_state=`, or the newest
+    intact checkpoint resharded onto this mesh (damaged steps skipped, see jaxpar.run.checkpoint.restore)."""
+    if resume_step is None and cfg.init_state:  # the state's step, weights and moments, on this mesh
+        return handoff.initial_state(cfg, trainer, handoff.check_init_state(cfg), ds)
     if resume_step is None:
         params = init_params if init_params is not None else gpt2.init_params(cfg.model, cfg.seed)
         return trainer.init_state(params), 0, 0
@@ -278,6 +281,8 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
                            wandb_run=wandb_run)
     if resume_step is not None:
         logger.message(f"resumed from step {start} ({os.path.join(cfg.out, 'ckpt')})")
+    elif cfg.init_state:
+        logger.message(f"continuing the training state {cfg.init_state} from step {start}")
     elif restart:
         logger.message(f"out={cfg.out} held a run that failed before its first checkpoint; starting it over")
     fault = _fault_injection()

@@ -41,6 +41,9 @@ class ConvertOptions:
     out: str = setting("", "new run directory for the imported weights (with hf=)")
     checkpoint: str = setting("", "run directory to export (with to_hf=)")
     to_hf: str = setting("", "new dir for config.json, model.safetensors, tokenizer and generation_config.json")
+    to_state: str = setting("", "new dir for the run's training state (with checkpoint=): weights, AdamW "
+                            "moments, step; docs/state_format.md")
+    step: int = setting(0, "with to_state=: the checkpoint step to write; 0: the newest")
 
 
 @dataclass(frozen=True)

@@ -112,11 +112,12 @@ def resolve_train(kv: dict, config_file: str | None, writer: bool = True) -> Con
         return _vocab_from_data(C.resolve_kv(kv, base=None, file_kv=file_kv), given)
     saved = read_run_config(out)
     # The checkpoint holds the weights (init= is spent) and the plan was applied when the run began.
-    base = C.Config(**{**{f: getattr(saved, f) for f in saved.__dataclass_fields__}, "init": "", "plan": "",
-                       "dry_run": False})
+    base = C.Config(**{**{f: getattr(saved, f) for f in saved.__dataclass_fields__}, "init": "", "init_state": "",
+                       "plan": "", "dry_run": False})
     cfg = C.resolve_kv(kv, base=base, file_kv=file_kv)
-    if given.get("init"):
-        raise ConfigError(f"init={given['init']!r} cannot be combined with resume=true (the checkpoint holds the weights)")
+    for k in ("init", "init_state"):
+        if given.get(k):
+            raise ConfigError(f"{k}={given[k]!r} cannot be combined with resume=true (the checkpoint holds the weights)")
     changed = [(f"model.{k}", getattr(cfg.model, k), getattr(saved.model, k)) for k in SHAPE_KEYS
                if getattr(cfg.model, k) != getattr(saved.model, k)]
     changed += [(k, getattr(cfg, k), getattr(saved, k)) for k in ("data", "tokenizer") if getattr(cfg, k) != getattr(saved, k)]

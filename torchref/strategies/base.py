@@ -23,6 +23,8 @@ from typing import ClassVar
 import torch
 
 from torchref.comm import ByteCounter
+from torchref.handoff import due
+from torchref.handoff import save as save_state
 from torchref.model import build_model, clip_grads_, loss_fn, lr_at, make_optimizer, set_lr
 from torchref.runtime import Context, Metrics, timer
 
@@ -74,10 +76,15 @@ def allreduce_train_loop(ctx: Context, worker: int, n: int, make_hooks: Callable
     named = list(model.named_parameters())
     params = [p for _, p in named]
     opt = make_optimizer(named, t)
+    start = 0
+    if ctx.cfg.init_state:  # every replica loads the same moments (torchref.handoff)
+        from torchref.handoff import load_optimizer
+
+        start = load_optimizer(opt, named, ctx.cfg.init_state)
     scaler = ctx.grad_scaler()
     metrics = Metrics(ctx, strategy=ctx.ref.strategy, workers=n, **static) if worker == 0 else None
     totals = ByteCounter()
-    for step in range(t.steps):
+    for step in range(start, t.steps):
         ctx.maybe_crash(worker, step + 1)
         t0 = timer()
         opt.zero_grad(set_to_none=True)
@@ -104,6 +111,8 @@ def allreduce_train_loop(ctx: Context, worker: int, n: int, make_hooks: Callable
             extra = {"loss_scale": float(scaler.get_scale())} if scaler else {}
             extra.update(step_fields)
             metrics.log(step + 1, gl, dt, bytes_sent=sent, bytes_received=received, lr=lr, grad_norm=norm, **extra)
+        if worker == 0 and due(ctx.ref.state_every, step + 1, t.steps):
+            save_state(ctx, model, opt, named, step + 1)
     if metrics:
         metrics.close()
         from torchref.model import hf_state_dict, save_weights

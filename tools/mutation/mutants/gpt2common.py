@@ -200,4 +200,12 @@ MUTANTS: list[Mutant] = [
            "a 600-byte alias bomb expands to hundreds of millions of keys",
            (T + "run/test_failures_config.py::test_config_input_is_bounded",
             T + "run/test_failures_config.py::test_an_alias_bomb_is_one_line_within_seconds")),
+    Mutant("state_checksum_ignored", "state", "gpt2common/state.py",
+           "        if hashlib.sha256(blob).hexdigest() != m[\"files\"].get(name):", "        if False:",
+           "a damaged or replaced tensor file of a training state is continued without a word",
+           (T + "run/test_state_format.py::test_bad_dirs_are_one_line_errors",)),
+    Mutant("state_newer_version_read", "state", "gpt2common/state.py",
+           "    if version > FORMAT_VERSION:", "    if version > FORMAT_VERSION + 1:",
+           "a state of a newer format version is read as if it were this one's",
+           (T + "run/test_state_format.py::test_bad_dirs_are_one_line_errors",)),
 ]

@@ -1,6 +1,6 @@
 """Mutants of jaxpar/run/: commands, loop, checkpoints, metrics, run dir, launch."""
 
-from tools.mutation.mutants.common import CLAIMS, RESUME, SAMPLE, SIGKILL, TRAIN100, Mutant, T
+from tools.mutation.mutants.common import CLAIMS, RESUME, SAMPLE, SIGKILL, TRAIN100, Mutant, P, T
 
 MUTANTS: list[Mutant] = [
     Mutant("ckpt_write_error_traceback", "failures-disk", "jaxpar/run/checkpoint.py",
@@ -408,4 +408,8 @@ MUTANTS: list[Mutant] = [
            "    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)",
            "kill -9 of the launcher leaves its ranks training under init",
            (T + "run/test_failures_multiprocess.py::test_ranks_die_with_a_killed_launcher",)),
+    Mutant("handoff_adam_count_reset", "state", "jaxpar/run/handoff.py",
+           'np.int32(opt["adam_count"]), mu, nu,', "np.int32(0), mu, nu,",
+           "a continued state restarts AdamW's bias correction: the first updates after a handoff are too large",
+           (P + "test_state_handoff.py::test_handoff_single_device_both_directions",)),
 ]

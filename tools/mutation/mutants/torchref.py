@@ -254,4 +254,9 @@ MUTANTS: list[Mutant] = [
            "        ctx.maybe_crash(w, step + 1)\n", "        ctx.maybe_crash(ctx.rank, step + 1)\n",
            "single-ps: debug.crash_rank=w kills worker w-1 (the process rank, not the worker index)",
            (TR_STRAT + "::test_single_ps_crash_rank_counts_workers_not_the_server", T + "torchref/test_failures_torchref.py")),
+    Mutant("torchref_state_restarts_at_zero", "state", "torchref/strategies/base.py",
+           "        start = load_optimizer(opt, named, ctx.cfg.init_state)",
+           "        load_optimizer(opt, named, ctx.cfg.init_state)",
+           "torchref continues a state from step 0: the schedule and the batches start over",
+           (P + "test_state_handoff.py::test_handoff_single_device_both_directions",)),
 ]
