@@ -37,7 +37,8 @@ FIXED_KEYS = {"mesh.data": "data", "mesh.fsdp": "fsdp", "mesh.tensor": "tensor",
               "pipeline.microbatches": "microbatches", "pipeline.schedule": "schedule",
               "pipeline.repeats": "repeats", "train.grad_accum": "grad_accum", "train.remat": "remat",
               "train.vocab_chunks": "vocab_chunks", "train.mlp_chunks": "mlp_chunks",
-              "sharding.replicate": "replicate", "pipeline.gather": "gather"}
+              "sharding.replicate": "replicate", "pipeline.gather": "gather",
+              "tensor.sequence_parallel": "sequence_parallel"}
 
 
 @dataclass(frozen=True)
