@@ -471,6 +471,11 @@ def main(argv: list[str] | None = None) -> int:
         "plan_3072_devices_s": big["plan_seconds"] if big["gpus"] == 3072 else None,
         "plan_3072_devices_cpu_s": big["plan_cpu_seconds"] if big["gpus"] == 3072 else None,
     }
+    # Table 1's interleaved rows under the planner's interleaved schedule (benchmarks/published_interleaved.py)
+    import published_interleaved
+
+    report["interleaved"] = published_interleaved.run(dev)
+    published_interleaved.show(report["interleaved"])
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(report, fh, indent=1)
