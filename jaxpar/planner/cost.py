@@ -15,7 +15,7 @@ State bytes per element: fp32 master 4 + fp32 grad 4 + Adam m, v 8 = 16 (+4 for 
 accumulator when M > 1).
 
 Activations saved per layer per microbatch (the layer scan's residuals, tests/models/test_model_residuals.py;
-no dropout masks, no sequence parallelism):  T·b·D·cb·(4 + 12/t) + T·b·16  [ln_1 in/out, ln_2 in/out
+no dropout masks; tensor.sequence_parallel splits the replicated part over t, activations.py):  T·b·D·cb·(4 + 12/t) + T·b·16  [ln_1 in/out, ln_2 in/out
 replicated, their fp32 mean/rstd (T, b, 1) ×4; q, k, v, attn out, fc out, gelu out split over t]
 +  N·T²·b/t·4  [fp32 softmax probs; + cb for their compute-dtype copy in bf16 on GPUs; × (nb+1)/(2nb) for
 the nb causal query blocks of the CPU core, devices.py `causal_blocks`]. Flash attention replaces the T² term by the
@@ -26,7 +26,8 @@ remat the model keeps the scan rolled) keeps more: activations.py `unrolled_laye
 Pipelines (p > 1) rematerialise each pipeline iteration: saved = (R·M+S-1) stage inputs
 T·b·D·cb, plus one iteration's activations while it is recomputed. schedule=1f1b (R = 1) keeps
 min(M, 2S-1) stage inputs (+2 carried transfers), no embedded batch, one microbatch's logits on
-the last stage, and one more fp32 stage copy (each tick's stacked weight grads).
+the last stage, and one more fp32 stage copy (each tick's stacked weight grads); zb and interleaved
+run that program shape with their own critical path and stash (planner/schedules.py).
 
 Compute: FLOPs / (peak × eff), eff = efficiency × r/(r+knee_rows) × c/(c+knee_cols) with r = T·b
 rows and c = D/t the narrowest matmul dim (small matmuls run below peak; knees 256, 128 on
@@ -61,6 +62,7 @@ from dataclasses import dataclass, field
 from jaxpar.config import ModelConfig
 from jaxpar.parallel.groups import GROUP_NAMES
 from jaxpar.parallel.partition import partition_layers
+from jaxpar.planner import schedules as sched
 from jaxpar.planner.activations import (  # noqa: F401  (re-exported: per-layer activation bytes)
     DROPOUT_MASK_BYTES,
     LN_STATS_BYTES,
@@ -74,7 +76,6 @@ from jaxpar.planner.activations import (  # noqa: F401  (re-exported: per-layer 
     unrolled_layer_bytes,
     unrolled_peak_bytes,
 )
-from jaxpar.planner import schedules as sched
 from jaxpar.planner.devices import DeviceSpec
 
 GROUPS = GROUP_NAMES  # the OSDP groups (jaxpar.parallel.groups)
