@@ -198,14 +198,18 @@ def _lower_bound(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec, 
     """Compute-only step time with M=1, no remat and a perfect pipeline: never above the real estimate
     (of the same engine: Megatron's layer, a what-if, has its own activation count and traffic)."""
     d, f, t, p = mesh
-    e = min((estimate(w, Strategy(d, f, t, 1, engine=engine, seq_parallel=sp), dev, detail=False)
-             for sp in ({False, True} if engine == "jaxpar" and t > 1 else {seq_parallel})), key=lambda e: e.compute_s + e.comm_s["tensor"] + e.traffic_s)
-    # Same replica batch without the pipeline, M=1 (largest, most efficient matmuls), no remat:
-    # its compute and tensor all-reduces spread perfectly over p stages bound any real plan. So
-    # does a GPU's HBM traffic (linear in rows, fewest passes without remat), but not the cpu
-    # row's residual-stacking traffic, which remat=full shrinks.
-    traffic = e.traffic_s if dev.mem_bandwidth == 0 else 0.0
-    return (e.compute_s + e.comm_s["tensor"] + traffic) / p
+
+    def bound(sp: bool) -> float:
+        e = estimate(w, Strategy(d, f, t, 1, engine=engine, seq_parallel=sp), dev, detail=False)
+        # Same replica batch without the pipeline, M=1 (largest, most efficient matmuls), no remat:
+        # its compute and tensor all-reduces spread perfectly over p stages bound any real plan. So
+        # does a GPU's HBM traffic (linear in rows, fewest passes without remat), but not the cpu
+        # row's residual-stacking traffic, which remat=full shrinks.
+        traffic = e.traffic_s if dev.mem_bandwidth == 0 else 0.0
+        return (e.compute_s + e.comm_s["tensor"] + traffic) / p
+
+    # jaxpar's engine searches tensor.sequence_parallel both ways: the lesser bound holds for both
+    return min(bound(sp) for sp in ((False, True) if engine == "jaxpar" and t > 1 else (seq_parallel,)))
 
 
 def _memory_floor(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec,
