@@ -65,6 +65,9 @@ CONFIGS = [
     ((2, 1, 1, 4), "fp32", False, 1, 2, 1, {"sched": "1f1b"}),
     ((1, 2, 1, 4), "fp32", False, 1, 8, 1, {"sched": "1f1b"}),
     ((1, 2, 1, 4), "bf16", False, 1, 8, 1, {"sched": "1f1b"}),
+    # tensor.sequence_parallel on 4 of the devices (tensor=4), and the same row without it
+    ((1, 1, 4, 1), "fp32", "selective", 1, 1, 1, {"sp": True}),
+    ((1, 1, 4, 1), "fp32", "selective", 1, 1, 1),
 ]
 KINDS = {"all-reduce": "all-reduce", "all-gather": "all-gather", "reduce-scatter": "reduce-scatter",
          "ppermute": "collective-permute", "all-to-all": "all-to-all"}  # all-to-all: not predicted
@@ -79,27 +82,31 @@ def run_one(conf) -> dict:
     (d, f, t, p), prec, remat, accum, mb, reps = conf[:6]
     ex = conf[6] if len(conf) > 6 else {}
     vc, mcn, rep = ex.get("vc", 1), ex.get("mc", 1), tuple(ex.get("rep", ()))
-    gather = ex.get("gather", "step")
+    gather, sp = ex.get("gather", "step"), ex.get("sp", False)
     sched = ex.get("sched", "circular" if reps > 1 else "gpipe")
     remat = {True: "full", False: "none"}.get(remat, remat)
     ov = {**MODEL, "mesh.data": d, "mesh.fsdp": f, "mesh.tensor": t, "mesh.pipe": p, "precision": prec,
           "train.remat": remat, "train.vocab_chunks": vc, "train.mlp_chunks": mcn,
           "sharding.replicate": ",".join(rep), "train.grad_accum": accum, "pipeline.microbatches": mb,
-          "pipeline.repeats": reps, "pipeline.schedule": sched, "pipeline.gather": gather}
+          "pipeline.repeats": reps, "pipeline.schedule": sched, "pipeline.gather": gather,
+          "tensor.sequence_parallel": str(sp).lower()}
     cfg = C.validate(C.apply_overrides(C.Config(), {k: str(v) for k, v in ov.items()}))
     t0 = time.perf_counter()
-    compiled, _ = compile_step(cfg)
+    import jax
+
+    compiled, _ = compile_step(cfg, devices=jax.devices()[:d * f * t * p])  # a row may use fewer than 8
     secs = time.perf_counter() - t0
     mem = memory_per_device(compiled)
     coll = collective_bytes(compiled.as_text())
     M = mb if p > 1 else accum
-    s = Strategy(d, f, t, p, M, reps, remat, rep, vc, mcn, gather=gather, schedule=sched)
+    s = Strategy(d, f, t, p, M, reps, remat, rep, vc, mcn, gather=gather, schedule=sched, seq_parallel=sp)
     e = estimate(Workload(cfg.model, cfg.train.batch_size, cfg.train.seq_len, prec), s, get_device("cpu"))
     measured_bytes = coll["total_wire_bytes"]
     pred_bytes = sum(e.comm_bytes.values())
     return {
         "mesh": {"data": d, "fsdp": f, "tensor": t, "pipe": p}, "precision": prec, "remat": remat,
         "vocab_chunks": vc, "mlp_chunks": mcn, "replicate": list(rep), "gather": gather, "schedule": sched,
+        "sequence_parallel": sp, "temp_measured": mem["temp"],
         "grad_accum": accum, "microbatches": mb, "repeats": reps, "compile_s": round(secs, 1),
         "memory_measured": mem["total"], "memory_predicted": int(e.memory["total"]),
         "memory_err": e.memory["total"] / mem["total"] - 1,
@@ -124,6 +131,7 @@ def label(r: dict) -> str:
     s += f" R{r['repeats']}" if r["repeats"] > 1 else ""
     s += " gather:layer" if r.get("gather") == "layer" else ""
     s += " 1f1b" if r.get("schedule") == "1f1b" else ""
+    s += " sp" if r.get("sequence_parallel") else ""
     return s
 
 

@@ -140,7 +140,7 @@ def brief(e) -> dict | None:
     return {"mesh": s.mesh, "microbatches": s.microbatches, "repeats": s.repeats, "schedule": s.schedule,
             "remat": s.remat,
             "replicated": list(s.replicated), "vocab_chunks": s.vocab_chunks, "mlp_chunks": s.mlp_chunks,
-            "order": list(s.order), "engine": s.engine, "gather": s.gather, "mfu": e.mfu, "step_time_s": e.step_time_s, "compute_s": e.compute_s,
+            "order": list(s.order), "engine": s.engine, "gather": s.gather, "seq_parallel": s.seq_parallel, "mfu": e.mfu, "step_time_s": e.step_time_s, "compute_s": e.compute_s,
             "bubble": e.bubble, "comm_s": e.comm_s, "memory_gib": e.memory["total"] / 2**30,
             "memory_breakdown_gib": {k: v / 2**30 for k, v in e.memory.items() if k != "total"}}
 
@@ -347,6 +347,7 @@ def _sched(pk: dict) -> str:
     out = ""
     if pk["mesh"]["pipe"] > 1:
         out = " 1f1b" if pk.get("schedule") == "1f1b" else f" R={pk['repeats']}"
+    out += " SP" if pk.get("seq_parallel") else ""  # tensor.sequence_parallel
     return out + (" gather=layer" if pk.get("gather") == "layer" else "")
 
 
@@ -471,6 +472,11 @@ def main(argv: list[str] | None = None) -> int:
         "plan_3072_devices_s": big["plan_seconds"] if big["gpus"] == 3072 else None,
         "plan_3072_devices_cpu_s": big["plan_cpu_seconds"] if big["gpus"] == 3072 else None,
     }
+    # Table 1's interleaved rows under the planner's interleaved schedule (benchmarks/published_interleaved.py)
+    import published_interleaved
+
+    report["interleaved"] = published_interleaved.run(dev)
+    published_interleaved.show(report["interleaved"])
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(report, fh, indent=1)

@@ -58,8 +58,9 @@ def layer_activation_bytes(w: Workload, b: float, t: int, remat: str, mlp_chunks
     (both recomputed), full keeps only the block input T·b·D·cb. `live` is everything the layer
     holds while it runs (recompute peak).
     megatron: Megatron-LM's layer instead (see DROPOUT_MASK_BYTES): + 2·sbh dropout-mask bytes
-    replicated, probs at 2·cb + 1 bytes per score; seq_parallel (megatron only) splits the
-    replicated part and the saved block input over t (34·sbh/t with selective recompute).
+    replicated, probs at 2·cb + 1 bytes per score. seq_parallel (tensor.sequence_parallel) splits the
+    replicated part (LayerNorm inputs / outputs and stats; Megatron's dropout masks) and the saved
+    block input over t (Megatron: 34·sbh/t with selective recompute).
     blocks: the causal query blocks of jaxpar's CPU attention core (`causal_blocks`); with nb of
     them it keeps probs for (nb + 1) / (2 nb) of the (T, T) scores (T = 256: 4 blocks, 5/8)."""
     T, D, N = w.seq_len, w.model.n_embd, w.model.n_head
@@ -71,11 +72,17 @@ def layer_activation_bytes(w: Workload, b: float, t: int, remat: str, mlp_chunks
     mlp = sbh * MLP_UNITS * cb / t
     causal = (blocks + 1) / (2 * blocks)  # 1 unblocked
     attn = N * T * b / t * 8 if w.attention == "flash" else N * T * T * causal * b / t * (4 + (cb if probs_copy else 0))
-    sp = t if megatron and seq_parallel else 1
+    sp = t if seq_parallel else 1  # the residual stream's (b, T/t, D) shards outside the matmul pairs
+    # jaxpar's layer running (forward recompute or backward) holds the all-gathered LayerNorm outputs
+    # and their gradients: `live` keeps the whole rep (XLA:CPU, tensor=4: the remat=full and selective
+    # peaks fall by the saved shards only, within 0.4%); Megatron's count shards it (Table 2)
+    live_rep = rep
+    rep = rep / sp
     if megatron:
-        rep = (rep + sbh * DROPOUT_MASK_BYTES) / sp
+        rep += sbh * DROPOUT_MASK_BYTES / sp
         attn = N * T * T * b / t * (2 * cb + 1)
-    live = rep + qkvo + mlp + attn
+        live_rep = rep
+    live = live_rep + qkvo + mlp + attn
     if remat == "full":
         return sbh * cb / sp, live
     saved = rep + qkvo + (mlp if mlp_chunks == 1 else 0.0) + (attn if remat == "none" else 0.0)
@@ -107,7 +114,8 @@ def layers_unrolled(n_layer: int, remat: str) -> bool:
     return scan_unroll(n_layer, "cpu", remat) > 1
 
 
-def unrolled_layer_bytes(w: Workload, b: float, t: int, mlp_chunks: int, blocks: int = 1) -> float:
+def unrolled_layer_bytes(w: Workload, b: float, t: int, mlp_chunks: int, blocks: int = 1,
+                         seq_parallel: bool = False) -> float:
     """Bytes one layer keeps from forward to backward in XLA:CPU's unrolled fp32 step (one microbatch of
     b rows on one device; remat none, the only remat the model unrolls): what `layer_activation_bytes`
     saves plus the copies above, u = T·b·D·4, P = the kept fp32 probs N·T²·b/t·4·(nb + 1)/(2 nb):
@@ -123,7 +131,8 @@ def unrolled_layer_bytes(w: Workload, b: float, t: int, mlp_chunks: int, blocks:
     T, D, N = w.seq_len, w.model.n_embd, w.model.n_head
     u = T * b * D * 4
     probs = N * T * T * (blocks + 1) / (2 * blocks) * b / t * 4
-    saved, _ = layer_activation_bytes(w, b, t, "none", mlp_chunks, 4, False, blocks=blocks)
+    # seq_parallel splits `saved`'s LayerNorm part only: the transposed copies are of the gathered values
+    saved, _ = layer_activation_bytes(w, b, t, "none", mlp_chunks, 4, False, seq_parallel=seq_parallel, blocks=blocks)
     if mlp_chunks == 1:
         extra = u * (UNROLL_T_UNITS + 1 / t + UNROLL_MLP_UNITS / t)
     else:

@@ -8,7 +8,8 @@ sweep=8,16,...,1024 (PNG of predicted throughput and MFU vs devices), top=N rows
 space=full|train (train: only what `jaxpar train` applies today), attention=naive|flash.
 Fixed values (the keys `jaxpar train` takes; the search keeps them and chooses the rest):
 mesh.data|fsdp|tensor|pipe (-1: searched), pipeline.microbatches|schedule|repeats|gather (pipe > 1),
-train.grad_accum, train.remat, train.vocab_chunks|mlp_chunks, sharding.replicate. With all of
+train.grad_accum, train.remat, train.vocab_chunks|mlp_chunks, sharding.replicate,
+tensor.sequence_parallel. With all of
 them fixed, `jaxpar plan` evaluates that one configuration (a what-if): the breakdown below the
 table, or one `error:` line naming the resource it exceeds.
 Exit 0 on success, 2 with one line `error: ...` on stderr for invalid input or when no plan fits.
@@ -37,7 +38,8 @@ FIXED_KEYS = {"mesh.data": "data", "mesh.fsdp": "fsdp", "mesh.tensor": "tensor",
               "pipeline.microbatches": "microbatches", "pipeline.schedule": "schedule",
               "pipeline.repeats": "repeats", "train.grad_accum": "grad_accum", "train.remat": "remat",
               "train.vocab_chunks": "vocab_chunks", "train.mlp_chunks": "mlp_chunks",
-              "sharding.replicate": "replicate", "pipeline.gather": "gather"}
+              "sharding.replicate": "replicate", "pipeline.gather": "gather",
+              "tensor.sequence_parallel": "sequence_parallel"}
 
 
 @dataclass(frozen=True)
@@ -134,13 +136,15 @@ def print_table(rows: list[dict], title: str) -> None:
     from rich.table import Table
 
     tab = Table(title=title, title_justify="left")
-    for col in ("#", "mesh d×f×t×p", "params (embed/attn/mlp)", "M", "R", "remat", "split v/mlp",
+    for col in ("#", "mesh d×f×t×p", "params (embed/attn/mlp)", "M", "R", "SP", "remat", "split v/mlp",
                 "memory", "step s", "MFU", "bubble"):
         tab.add_column(col, justify="right" if col not in ("mesh d×f×t×p", "params (embed/attn/mlp)") else "left")
     for i, r in enumerate(rows):
         osdp = "/".join("Z3" if r["osdp"][g] == "sharded" else "rep" for g in ("embed", "attn", "mlp"))
         tab.add_row(str(i + 1), _mesh_str(r["mesh"]), osdp, str(r["microbatches"]),
-                    "1f1b" if r.get("schedule") == "1f1b" else str(r["repeats"]), r["remat"],
+                    r["schedule"] if r.get("schedule") in ("1f1b", "zb") else
+                    f"{r['repeats']} il" if r.get("schedule") == "interleaved" else str(r["repeats"]),
+                    "on" if r.get("sequence_parallel") else "", r["remat"],
                     f"{r['vocab_chunks']}/{r['mlp_chunks']}", fmt_bytes(r["memory_per_device_bytes"]),
                     f"{r['step_time_s']:.4g}", f"{100 * r['mfu']:.1f}%", f"{100 * r['bubble']:.1f}%")
     Console(width=160).print(tab)

@@ -15,7 +15,7 @@ State bytes per element: fp32 master 4 + fp32 grad 4 + Adam m, v 8 = 16 (+4 for 
 accumulator when M > 1).
 
 Activations saved per layer per microbatch (the layer scan's residuals, tests/models/test_model_residuals.py;
-no dropout masks, no sequence parallelism):  T·b·D·cb·(4 + 12/t) + T·b·16  [ln_1 in/out, ln_2 in/out
+no dropout masks; tensor.sequence_parallel splits the replicated part over t, activations.py):  T·b·D·cb·(4 + 12/t) + T·b·16  [ln_1 in/out, ln_2 in/out
 replicated, their fp32 mean/rstd (T, b, 1) ×4; q, k, v, attn out, fc out, gelu out split over t]
 +  N·T²·b/t·4  [fp32 softmax probs; + cb for their compute-dtype copy in bf16 on GPUs; × (nb+1)/(2nb) for
 the nb causal query blocks of the CPU core, devices.py `causal_blocks`]. Flash attention replaces the T² term by the
@@ -26,7 +26,8 @@ remat the model keeps the scan rolled) keeps more: activations.py `unrolled_laye
 Pipelines (p > 1) rematerialise each pipeline iteration: saved = (R·M+S-1) stage inputs
 T·b·D·cb, plus one iteration's activations while it is recomputed. schedule=1f1b (R = 1) keeps
 min(M, 2S-1) stage inputs (+2 carried transfers), no embedded batch, one microbatch's logits on
-the last stage, and one more fp32 stage copy (each tick's stacked weight grads).
+the last stage, and one more fp32 stage copy (each tick's stacked weight grads); zb and interleaved
+run that program shape with their own critical path and stash (planner/schedules.py).
 
 Compute: FLOPs / (peak × eff), eff = efficiency × r/(r+knee_rows) × c/(c+knee_cols) with r = T·b
 rows and c = D/t the narrowest matmul dim (small matmuls run below peak; knees 256, 128 on
@@ -61,6 +62,7 @@ from dataclasses import dataclass, field
 from jaxpar.config import ModelConfig
 from jaxpar.parallel.groups import GROUP_NAMES
 from jaxpar.parallel.partition import partition_layers
+from jaxpar.planner import schedules as sched
 from jaxpar.planner.activations import (  # noqa: F401  (re-exported: per-layer activation bytes)
     DROPOUT_MASK_BYTES,
     LN_STATS_BYTES,
@@ -144,21 +146,21 @@ class Strategy:
     # R > 1; normalised from `repeats`, so Strategy(repeats=2) is circular); "1f1b" is
     # parallel/pipeline_1f1b.py (R = 1 only): each stage interleaves one microbatch's backward
     # with later forwards, keeping at most 2S-1 stage inputs instead of every microbatch's.
+    # "interleaved" (R >= 2 virtual stages per device) and "zb" (ZB-H1, R = 1): planner/schedules.py.
     schedule: str = "gpipe"
-    # Sequence parallelism (Korthikanti et al. 2022 §4.2.2), a term of the Megatron-engine what-if
-    # only (jaxpar has none; Strategy(engine="jaxpar", seq_parallel=True) is rejected): the
-    # LayerNorm / dropout regions run on T/t sequence shards, so their activations (and traffic) are
-    # split over tensor too, and each tensor all-reduce becomes a reduce-scatter + all-gather of equal
-    # total bytes.
+    # tensor.sequence_parallel (Korthikanti et al. 2022 §4.2.2; t > 1): the LayerNorm / residual
+    # regions run on T/t sequence shards, so their activations (and traffic) are split over tensor
+    # too, and each tensor all-reduce becomes a reduce-scatter + all-gather of equal total bytes
+    # (XLA:CPU keeps the all-reduce, slices, and adds the all-gather: devices without reduce_scatter).
     seq_parallel: bool = False
 
     def __post_init__(self):
-        if self.seq_parallel and self.engine != "megatron":
-            raise ValueError(f"seq_parallel is a term of the Megatron-engine what-if only, got engine={self.engine!r}")
-        if self.schedule == "1f1b":
-            if self.repeats != 1 or self.gather != "step":
-                raise ValueError(f"schedule 1f1b runs one repeat and gathers a stage's weights once per step, "
-                                 f"got repeats={self.repeats}, gather={self.gather!r}")
+        if self.schedule in sched.BOUNDED:
+            one = self.schedule != "interleaved"
+            if (self.repeats != 1 if one else self.repeats < 2) or self.gather != "step":
+                raise ValueError(f"schedule {self.schedule} runs {'one repeat' if one else 'R >= 2 chunks'} and "
+                                 f"gathers a stage's weights once per step, got repeats={self.repeats}, "
+                                 f"gather={self.gather!r}")
         elif self.schedule in ("gpipe", "circular"):
             object.__setattr__(self, "schedule", "circular" if self.repeats > 1 else "gpipe")
         else:
@@ -279,8 +281,9 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
     # so an inner policy has no effect there.
     mg = S > 1 and s.engine == "megatron"  # what-if: Megatron-LM's pipeline engine (Strategy.engine)
     mgl = s.engine == "megatron"  # ... and its layer, with or without a pipeline (dropout masks, 16-bit probs)
-    sp = mgl and s.seq_parallel and t > 1  # Megatron's sequence parallelism (what-if, Strategy.seq_parallel)
-    one_f = S > 1 and s.schedule == "1f1b" and not mg  # parallel/pipeline_1f1b.py
+    sp = s.seq_parallel and t > 1  # sequence parallelism (Strategy.seq_parallel)
+    # parallel/pipeline_1f1b.py's program shape: 1f1b, and zb / interleaved (planner/schedules.py)
+    one_f = S > 1 and s.schedule in sched.BOUNDED and not mg
     remat = "none" if S > 1 and not mg else s.remat
     alpha = dev.latency
     sharded = {g: (f > 1 and g not in s.replicated) for g in GROUPS}
@@ -331,25 +334,27 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
             # idle halves skipped with lax.cond. Ticks run in lock step, so the critical path is
             # S-1 forward-only ticks, M forward+backward ticks (the last stage also runs head and
             # loss), S-1 backward-only ticks: (M + S - 1)·(F + B), as GPipe; a device runs M of each.
-            iters, crit = M + 2 * S - 2, M + S - 1
+            # zb and interleaved: the same scan shape, their own critical path (planner/schedules.py)
+            iters, crit = sched.ticks(S, M, R, s.schedule), sched.critical_runs(S, M, R, s.schedule)
         else:
             iters = crit = (R - 1) * max(M, S) + M + S - 1
         uniform = len(set(lps)) == 1
         layers_state = L / S if uniform else L  # non-uniform: stored `layers` dim replicated over pipe
         layers_run = crit * lmax
-        layers_sent = M * lmax if one_f else layers_run  # layer runs per device (its tensor collectives)
+        layers_sent = R * M * lmax if one_f else layers_run  # layer runs per device (its tensor collectives)
         head_rows_share = 1.0 / S  # embedding and head run outside, batch split over pipe too
         if mg or one_f:  # the head runs on the last stage, per microbatch: that stage is the slowest
             head_rows_share = 1.0
         compute = (layers_run * fl_layer_train + M * fl_head_train * head_rows_share) * sec
-        bubble = 1.0 - R * M / crit
+        bubble = sched.bubble(S, M, R, "circular" if mg else s.schedule)
         if one_f:
             # stage 0 holds microbatch j's input from tick j to its backward at tick j + 2S - 2: a
             # ring of min(M, 2S-1) (b, T, D) slots (the same shape on every stage, SPMD); plus the
             # two transfers the scan carries (activation forward, gradient back) and one stage's
             # residuals while it is re-run. No embedded batch, no park buffer.
             # (the ring and the transfers are in the compute dtype even where XLA:CPU upcasts the math)
-            acts = (min(M, 2 * S - 1) + ONE_F_CARRIED) * T * b * D * w.cb + lmax * saved
+            # zb keeps 1f1b's ring; interleaved min(R·M, R·S + S - 1) chunk inputs (planner/schedules.py)
+            acts = (sched.stash_slots(S, M, R, s.schedule) + ONE_F_CARRIED) * T * b * D * w.cb + lmax * saved
         elif mg:  # 1F1B: min(M, S) microbatches in flight on the first stage, each with its R·lmax layers
             inflight = min(M, S) * (1 + (S - 1) / (S * R) if R > 1 else 1)
             acts = inflight * R * lmax * saved + (live if remat == "full" else 0.0)
@@ -364,7 +369,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         layers_sent = layers_run
         compute = M * (L * fl_layer_train + fl_head_train) * sec
         if unrolled:  # every layer's kept values, no separately recomputed layer (see unrolled_layer_bytes)
-            acts = L * (unrolled_layer_bytes(w, b, t, s.mlp_chunks, nb)
+            acts = L * (unrolled_layer_bytes(w, b, t, s.mlp_chunks, nb, sp)
                         + unrolled_gathered_bytes(full, el, sharded))
         else:
             acts = L * saved + (live if remat == "full" else 0.0)
@@ -399,7 +404,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         # re-laid out, its unsharded grad before the reduce-scatter), plus the stage re-run's saved
         # compute-dtype copies of all lmax layers' weights (the backward of each layer's matmuls).
         tmp += (GATHER_LIVE * 4 + lmax * cb) * sum(full[g] for g in ("attn", "mlp") if sharded[g])
-    if S > 1 and R > 1 and not mg:
+    if S > 1 and R > 1 and not (mg or one_f):
         tmp += 4 * (L / S) * full_layer  # circular re-layout moves a copy of the stage's block params
     if one_f and lmax > 1:
         # 1f1b: each tick's vjp of the stage stacks the lmax layers' fp32 weight grads in a fresh
@@ -445,7 +450,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         # 2·mlp_chunks MLP all-reduces per layer instead of 2 (seen in the HLO, row 19: trip count 16
         # = L·k in forward and backward).
         n_ar += 2 * (s.mlp_chunks - 1)
-        if sp:
+        if sp and dev.reduce_scatter:
             # sequence parallelism: each all-reduce becomes a reduce-scatter + an all-gather of the
             # same (b, T, D) tensor, equal total bytes (Korthikanti et al. 2022 §4.2.2); the head's too
             layer_cost = all_gather(t, unit, alpha, bws["tensor"])
@@ -456,6 +461,13 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         else:
             add("all-reduce", "tensor", all_reduce(t, unit, alpha, bws["tensor"]), layers_run * n_ar, layers_sent * n_ar)
             add("all-reduce", "tensor", all_reduce(t, unit * head_rows_share, alpha, bws["tensor"]), 2 * M)
+            if sp:
+                # XLA:CPU has no reduce-scatter: the row-parallel output stays an all-reduce, sliced to
+                # its T/t shard, and the column-parallel input is all-gathered back (seen in the HLO:
+                # tensor=4, the all-reduce count unchanged, about as many all-gathers)
+                add("all-gather", "tensor", all_gather(t, unit, alpha, bws["tensor"]), layers_run * n_ar,
+                    layers_sent * n_ar)
+                add("all-gather", "tensor", all_gather(t, unit * head_rows_share, alpha, bws["tensor"]), 2 * M)
     vc = s.vocab_chunks
     wte = V * D / t  # tied wte elements per tensor shard
     # chunked_cross_entropy closes over wte inside its lax.scan, so XLA reduces the logits part of
@@ -552,7 +564,7 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
                 add("all-gather", "tensor", all_gather(t, unit, alpha, bws["tensor"]), 2 * iters)
         else:
             add("ppermute", "pipe", ppermute(unit, alpha, bw), 2 * iters)
-        if R > 1 and not mg:  # circular re-layout: (R-1)/R of the stage's block params move, and their grads back
+        if R > 1 and not (mg or one_f):  # circular re-layout: (R-1)/R of the stage's block params move, and their grads back
             add("ppermute", "pipe", ppermute(4 * (L / S) * full_layer * (R - 1) / R, alpha, bw), 2)
         if not (mg or one_f):
             add("all-gather", "pipe", all_gather(S, M * unit, alpha, bw), 2)  # embedded inputs to every stage
@@ -581,11 +593,13 @@ def estimate(w: Workload, s: Strategy, dev: DeviceSpec, memory_limit: float | No
         # (remat=full, a pipeline's stage re-run) adds 2, selective adds 2 over the attention core,
         # mlp_chunks 2 over the MLP. The head's fp32 logits / log-probs / grads: 5 passes (+2 for
         # vocab_chunks' recompute).
-        _, live_none = layer_activation_bytes(w, b, t, "none", 1, cb, None, mgl, sp)
+        # (jaxpar's SP: LayerNorm on T/t shards, but its gathered outputs still stream in full: unchanged)
+        _, live_none = layer_activation_bytes(w, b, t, "none", 1, cb, None, mgl, sp and mgl)
         passes = 5 + 2 * extra_fwd
         layer_bytes = passes * live_none
         if remat == "selective":
-            layer_bytes += 2 * (live_none - layer_activation_bytes(w, b, t, "selective", 1, cb, None, mgl, sp)[0])
+            layer_bytes += 2 * (live_none - layer_activation_bytes(w, b, t, "selective", 1, cb, None, mgl,
+                                                                   sp and mgl)[0])
         if mgl:
             # Megatron-LM's layer (what-if) also produces tensors it does not keep, which the count
             # above (what a layer keeps) misses: the attention scores torch.baddbmm writes as

@@ -36,6 +36,7 @@ def summary(e: Estimate) -> dict[str, Any]:
         "vocab_chunks": s.vocab_chunks,
         "mlp_chunks": s.mlp_chunks,
         "gather": s.gather,
+        "sequence_parallel": s.seq_parallel,
         "memory_per_device_bytes": int(e.memory["total"]),
         "memory_breakdown_bytes": {k: int(v) for k, v in e.memory.items() if k != "total"},
         "step_time_s": e.step_time_s,
@@ -56,7 +57,8 @@ def strategy_from_summary(d: dict[str, Any]) -> Strategy:
     rep = tuple(g for g in GROUPS if d.get("osdp", {}).get(g) == "replicated" and mesh["fsdp"] > 1)
     return Strategy(mesh["data"], mesh["fsdp"], mesh["tensor"], mesh["pipe"], d["microbatches"], d["repeats"],
                     d["remat"], rep, d.get("vocab_chunks", 1), d.get("mlp_chunks", 1),
-                    gather=d.get("gather", "step"), schedule=d.get("schedule", "gpipe"))
+                    gather=d.get("gather", "step"), schedule=d.get("schedule", "gpipe"),
+                    seq_parallel=d.get("sequence_parallel", False))
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,8 @@ def plan_to_overrides(plan: Plan, n_devices: int, cfg=None) -> dict[str, str]:
         data, fsdp, replicated = data * fsdp, 1, ()
     out = {"mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": s.tensor, "mesh.pipe": s.pipe,
            "train.remat": s.remat, "train.vocab_chunks": s.vocab_chunks, "train.mlp_chunks": s.mlp_chunks,
-           "sharding.replicate": ",".join(replicated if fsdp > 1 else ())}
+           "sharding.replicate": ",".join(replicated if fsdp > 1 else ()),
+           "tensor.sequence_parallel": str(s.seq_parallel).lower()}
     if s.pipe > 1:
         out.update({"pipeline.microbatches": s.microbatches, "pipeline.repeats": s.repeats,
                     "pipeline.schedule": s.schedule, "train.grad_accum": 1,

@@ -48,6 +48,7 @@ from jaxpar.planner.cost import (
     group_elems,
 )
 from jaxpar.planner.devices import DeviceSpec
+from jaxpar.planner.schedules import BOUNDED, REPEATED, searched
 
 # circular repeats the search tries (R = 1 is gpipe). R = 3 matters where L/p is odd, e.g.
 # Megatron's 530B row: 105 layers on 35 stages runs 3 one-layer chunks per device.
@@ -65,7 +66,13 @@ class SearchSpace:
     mlp_chunks: tuple[int, ...] = (1, 4)
     pipeline: bool = True
     repeats: bool = True  # circular schedule (R > 1)
-    one_f_one_b: bool = True  # pipeline.schedule=1f1b (R = 1, parallel/pipeline_1f1b.py)
+    one_f_one_b: bool = True  # pipeline.schedule=1f1b (R = 1, parallel/pipeline_1f1b.py); False: no zb either
+    # costed schedules beyond gpipe / circular / 1f1b (planner/schedules.py NEW): only those jaxpar
+    # train runs (config.SCHEDULES) by default; a test passes NEW to ask the cost model regardless
+    new_schedules: tuple[str, ...] = searched()
+    # tensor.sequence_parallel on meshes with tensor > 1 (jaxpar's engine; T divisible by t): tried
+    # both ways. Megatron's engine (a what-if) takes `seq_parallel` below as given.
+    sequence_parallel: bool = True
     # 1f1b's memory does not grow with M beyond its 2S-1 ring, and more microbatches shrink the
     # bubble, so pipelines want M in the hundreds (Megatron's 1T run: 512); was 64 before 1f1b
     max_microbatches: int = 1024
@@ -89,12 +96,13 @@ class Fixed:
     microbatches: int | None = None  # pipeline.microbatches (needs pipe > 1)
     grad_accum: int | None = None  # train.grad_accum (microbatches without a pipeline)
     repeats: int | None = None  # pipeline.repeats (needs pipe > 1)
-    schedule: str | None = None  # pipeline.schedule: gpipe (R = 1) | circular (R > 1) | 1f1b (R = 1)
+    schedule: str | None = None  # pipeline.schedule: gpipe / 1f1b / zb (R = 1) | circular / interleaved (R > 1)
     remat: str | None = None  # train.remat
     vocab_chunks: int | None = None  # train.vocab_chunks
     mlp_chunks: int | None = None  # train.mlp_chunks
     replicate: tuple[str, ...] | None = None  # sharding.replicate (OSDP groups kept replicated)
     gather: str | None = None  # pipeline.gather (needs pipe > 1)
+    sequence_parallel: bool | None = None  # tensor.sequence_parallel (true needs tensor > 1)
 
     @property
     def mesh(self) -> dict[str, int | None]:
@@ -102,8 +110,8 @@ class Fixed:
 
     @property
     def needs_pipeline(self) -> bool:
-        return (self.microbatches is not None or self.repeats is not None or self.schedule in ("circular", "1f1b")
-                or self.gather == "layer")
+        return (self.microbatches is not None or self.repeats is not None
+                or self.schedule not in (None, "gpipe") or self.gather == "layer")
 
     def restrict(self, space: SearchSpace) -> SearchSpace:
         """The search space with the fixed remat / splitting values as its only choices."""
@@ -120,12 +128,14 @@ class Fixed:
                 "microbatches": "pipeline.microbatches", "grad_accum": "train.grad_accum",
                 "repeats": "pipeline.repeats", "schedule": "pipeline.schedule", "remat": "train.remat",
                 "vocab_chunks": "train.vocab_chunks", "mlp_chunks": "train.mlp_chunks",
-                "replicate": "sharding.replicate", "gather": "pipeline.gather"}
+                "replicate": "sharding.replicate", "gather": "pipeline.gather",
+                "sequence_parallel": "tensor.sequence_parallel"}
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if v is not None:
-                out[keys[f.name]] = ",".join(v) if isinstance(v, tuple) else str(v)
+                out[keys[f.name]] = ",".join(v) if isinstance(v, tuple) else str(v).lower() if isinstance(v, bool) \
+                    else str(v)
         return out
 
 
@@ -177,6 +187,8 @@ def meshes(w: Workload, n_devices: int, pipeline: bool = True,
                     continue
                 if (fixed.needs_pipeline and p == 1) or ((fixed.grad_accum or 1) > 1 and p > 1):
                     continue
+                if fixed.sequence_parallel and (t == 1 or w.seq_len % t):
+                    continue  # tensor.sequence_parallel=true splits T over tensor
                 out.append((d, f, t, p))
     return out
 
@@ -186,13 +198,18 @@ def _lower_bound(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec, 
     """Compute-only step time with M=1, no remat and a perfect pipeline: never above the real estimate
     (of the same engine: Megatron's layer, a what-if, has its own activation count and traffic)."""
     d, f, t, p = mesh
-    e = estimate(w, Strategy(d, f, t, 1, engine=engine, seq_parallel=seq_parallel), dev, detail=False)
-    # Same replica batch without the pipeline, M=1 (largest, most efficient matmuls), no remat:
-    # its compute and tensor all-reduces spread perfectly over p stages bound any real plan. So
-    # does a GPU's HBM traffic (linear in rows, fewest passes without remat), but not the cpu
-    # row's residual-stacking traffic, which remat=full shrinks.
-    traffic = e.traffic_s if dev.mem_bandwidth == 0 else 0.0
-    return (e.compute_s + e.comm_s["tensor"] + traffic) / p
+
+    def bound(sp: bool) -> float:
+        e = estimate(w, Strategy(d, f, t, 1, engine=engine, seq_parallel=sp), dev, detail=False)
+        # Same replica batch without the pipeline, M=1 (largest, most efficient matmuls), no remat:
+        # its compute and tensor all-reduces spread perfectly over p stages bound any real plan. So
+        # does a GPU's HBM traffic (linear in rows, fewest passes without remat), but not the cpu
+        # row's residual-stacking traffic, which remat=full shrinks.
+        traffic = e.traffic_s if dev.mem_bandwidth == 0 else 0.0
+        return (e.compute_s + e.comm_s["tensor"] + traffic) / p
+
+    # jaxpar's engine searches tensor.sequence_parallel both ways: the lesser bound holds for both
+    return min(bound(sp) for sp in ((False, True) if engine == "jaxpar" and t > 1 else (seq_parallel,)))
 
 
 def _memory_floor(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec,
@@ -211,7 +228,7 @@ def _memory_floor(w: Workload, mesh: tuple[int, int, int, int], dev: DeviceSpec,
     floor = STATE_BYTES * (el["embed"] + w.model.n_layer / p * (el["attn"] + el["mlp"]))
     if p > 1:
         cb = w.cb if dev.native_bf16 else 4
-        floor += 0.0 if engine == "megatron" or schedule == "1f1b" else 2 * w.seq_len * (w.batch_size / (d * f)) * w.model.n_embd * cb
+        floor += 0.0 if engine == "megatron" or schedule in BOUNDED else 2 * w.seq_len * (w.batch_size / (d * f)) * w.model.n_embd * cb
         if repeats and f > 1:
             full = group_elems(w.model, t, 1, {g: False for g in GROUPS})
             per_layer = sum(full[g] for g in ("attn", "mlp") if sharded[g])
@@ -225,24 +242,28 @@ def _schedules(w: Workload, p: int, space: SearchSpace, fixed: Fixed = Fixed()) 
     if p == 1:
         return [(1, "gpipe")]
     out = [(1, "gpipe")]
-    if space.one_f_one_b and space.engine != "megatron":  # Megatron's engine (a what-if) is 1F1B already
-        out.append((1, "1f1b"))
+    bounded = space.one_f_one_b and space.engine != "megatron"  # Megatron's engine (a what-if) is 1F1B already
+    if bounded:
+        out += [(1, "1f1b")] + [(1, "zb")] * ("zb" in space.new_schedules)
     if space.repeats:
-        # circular: equal chunks, so p·R must divide n_layer; beyond R=4 the bubble gain is small
-        # and every extra repeat adds a ppermute round per microbatch.
-        out += [(r, "circular") for r in REPEATS if w.model.n_layer % (p * r) == 0]
+        # circular / interleaved: equal chunks, so p·R must divide n_layer; beyond R=4 the bubble
+        # gain is small and every extra repeat adds a ppermute round per microbatch.
+        reps = [r for r in REPEATS if w.model.n_layer % (p * r) == 0]
+        out += [(r, "circular") for r in reps]
+        if bounded and "interleaved" in space.new_schedules:
+            out += [(r, "interleaved") for r in reps]
     if fixed.repeats is not None:
         ok = fixed.repeats == 1 or w.model.n_layer % (p * fixed.repeats) == 0
         out = [(r, sc) for r, sc in out if r == fixed.repeats] if ok else []
         if ok and fixed.repeats > 1 and not out:
-            out = [(fixed.repeats, "circular")]
+            out = [(fixed.repeats, fixed.schedule if fixed.schedule in REPEATED else "circular")]
     if fixed.schedule is not None:
         out = [(r, sc) for r, sc in out if sc == fixed.schedule]
     return out
 
 
-def _options(w: Workload, mesh, space: SearchSpace, fixed: Fixed = Fixed()):
-    """Yield (osdp replicated groups, R, pipeline.schedule, pipeline.gather, microbatch list,
+def _options(w: Workload, mesh, space: SearchSpace, fixed: Fixed = Fixed(), dev: DeviceSpec | None = None):
+    """Yield (osdp replicated groups, R, pipeline.schedule, pipeline.gather, sequence_parallel, microbatch list,
     [(remat, vocab_chunks, mlp_chunks)]). gather=layer is tried only where it changes something
     (pipe > 1, fsdp > 1, not 1f1b, which gathers a stage once per step) and is not a dominance
     coordinate: its data-axis psum of 1/f shards can beat step's on few iterations."""
@@ -271,10 +292,23 @@ def _options(w: Workload, mesh, space: SearchSpace, fixed: Fixed = Fixed()):
         gathers = [fixed.gather]  # kept as the user spelt it (without fsdp both cost the same)
     elif p > 1 and f > 1 and space.engine != "megatron":
         gathers = list(space.gathers)
-    for rep, (r, sched), g in itertools.product(groups, _schedules(w, p, space, fixed), gathers):
-        if g == "layer" and (sched == "1f1b" or (fixed.gather is None and all(x in rep for x in ("attn", "mlp")))):
+    if space.engine != "jaxpar":
+        sps = [space.seq_parallel]
+    elif fixed.sequence_parallel is not None:
+        sps = [fixed.sequence_parallel]
+    elif space.sequence_parallel and mesh[2] > 1 and w.seq_len % mesh[2] == 0:  # SP splits T over tensor
+        # with a real reduce-scatter (GPUs) SP costs the all-reduce's time and saves memory: it
+        # dominates; XLA:CPU adds all-gathers but stacks fewer residual bytes: both are estimated
+        sps = [True] if dev is not None and dev.reduce_scatter and dev.mem_bandwidth == 0 else [False, True]
+    else:
+        sps = [False]
+    for rep, (r, sched), g, sp in itertools.product(groups, _schedules(w, p, space, fixed), gathers, sps):
+        if g == "layer" and (sched in BOUNDED or
+                             (fixed.gather is None and all(x in rep for x in ("attn", "mlp")))):
             continue  # 1f1b gathers once per step; no block group sharded over fsdp: same as step
-        yield rep, r, sched, g, ms, list(itertools.product(remats, vcs, mcs))
+        # Megatron's interleaving runs whole rounds of S microbatches (M a multiple of S)
+        mss = [m for m in ms if m % p == 0] if sched == "interleaved" else ms
+        yield rep, r, sched, g, sp, mss, list(itertools.product(remats, vcs, mcs))
 
 
 def _dominated(opt: tuple[int, int, int], fitted: list[tuple[int, int, int]]) -> bool:
@@ -310,13 +344,13 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
     for mesh in order:
         if bound(mesh) > kth:
             break  # every later mesh has an even larger lower bound
-        one_f = any(sc == "1f1b" for _, sc in _schedules(w, mesh[3], space, fixed))
+        one_f = any(sc in BOUNDED for _, sc in _schedules(w, mesh[3], space, fixed))
         if floor_pruning and _memory_floor(w, mesh, dev, engine=space.engine,
                                            schedule="1f1b" if one_f else "gpipe") > memory_limit:
             floored += 1
             continue  # nothing on this mesh can fit
         d, f, t, p = mesh
-        for rep, r, sched, gather, ms, opts in _options(w, mesh, space, fixed):
+        for rep, r, sched, gather, sp, ms, opts in _options(w, mesh, space, fixed, dev):
             if floor_pruning and p > 1 and _memory_floor(w, mesh, dev, rep, r, space.engine, gather,
                                                          sched) > memory_limit:
                 floored += 1
@@ -331,7 +365,7 @@ def search(w: Workload, n_devices: int, dev: DeviceSpec, memory_limit: float,
                         continue
                     ri, vc, mc = opt
                     s = Strategy(d, f, t, p, M, r, space.remat[ri], rep, vc, mc, space.order, space.engine,
-                                 gather, sched, space.seq_parallel)
+                                 gather, sched, sp)
                     e = estimate(w, s, dev, memory_limit, detail=False)
                     evaluated += 1
                     if lightest is None or e.memory["total"] < lightest.memory["total"]:
@@ -384,12 +418,15 @@ def check_fixed(w: Workload, n_devices: int, fixed: Fixed) -> str | None:
     if (fixed.grad_accum or 1) > 1 and ((p or 1) > 1 or fixed.needs_pipeline):
         return (f"train.grad_accum={fixed.grad_accum} with a pipeline is not modelled: a pipeline accumulates "
                 f"over pipeline.microbatches (fix that instead)")
-    if fixed.schedule is not None and fixed.repeats is not None and (fixed.repeats > 1) != (fixed.schedule == "circular"):
+    if fixed.schedule is not None and fixed.repeats is not None and (fixed.repeats > 1) != (fixed.schedule in REPEATED):
         return (f"pipeline.schedule={fixed.schedule} with pipeline.repeats={fixed.repeats}: gpipe and 1f1b run one "
                 f"repeat, circular more than one")
-    if fixed.schedule == "1f1b" and fixed.gather == "layer":
-        return ("pipeline.schedule=1f1b with pipeline.gather=layer: 1f1b gathers a stage's fsdp-sharded weights "
-                "once per step (pipeline.gather=step)")
+    if fixed.schedule in BOUNDED and fixed.gather == "layer":
+        return (f"pipeline.schedule={fixed.schedule} with pipeline.gather=layer: {fixed.schedule} gathers a stage's "
+                "fsdp-sharded weights once per step (pipeline.gather=step)")
+    if fixed.sequence_parallel and (t == 1 or (t and w.seq_len % t)):
+        return (f"tensor.sequence_parallel=true needs mesh.tensor > 1 dividing train.seq_len={w.seq_len} "
+                f"(got mesh.tensor={t})")
     if p is not None and fixed.repeats is not None and m.n_layer % (p * fixed.repeats):
         return (f"mesh.pipe={p} × pipeline.repeats={fixed.repeats} = {p * fixed.repeats} virtual stages do not "
                 f"divide model.n_layer={m.n_layer}")

@@ -23,9 +23,9 @@ def test_row_errors_are_predicted_over_measured(bench, monkeypatch):
     coll = {k: {"wire_bytes": 0} for k in bench.KINDS.values()}
     coll["all-reduce"]["wire_bytes"] = 1000
     coll["total_wire_bytes"] = 1000
-    monkeypatch.setattr(inspection, "compile_step", lambda cfg: (SimpleNamespace(as_text=lambda: ""), None))
+    monkeypatch.setattr(inspection, "compile_step", lambda cfg, devices=None: (SimpleNamespace(as_text=lambda: ""), None))
     monkeypatch.setattr(inspection, "collective_bytes", lambda text: coll)
-    monkeypatch.setattr(inspection, "memory_per_device", lambda c: {"total": 2**20})
+    monkeypatch.setattr(inspection, "memory_per_device", lambda c: {"total": 2**20, "temp": 2**19})
     conf = ((2, 4, 1, 1), "fp32", False, 2, 1, 1)  # data=2 fsdp=4, grad_accum=2
     r = bench.run_one(conf)
     assert bench.CONFIGS[4] == conf and r["grad_accum"] == 2

@@ -43,7 +43,8 @@ def test_human_table(tmp_path, capsys):
     (["bogus=1"], ("error: unknown key 'bogus' (valid: model, model.*, train.batch_size, train.seq_len, precision, "
                    "device.*, devices, device, memory_limit, out, sweep, top, space, attention, mesh.data, mesh.fsdp, "
                    "mesh.tensor, mesh.pipe, pipeline.microbatches, pipeline.schedule, pipeline.repeats, "
-                   "train.grad_accum, train.remat, train.vocab_chunks, train.mlp_chunks, sharding.replicate, pipeline.gather)")),
+                   "train.grad_accum, train.remat, train.vocab_chunks, train.mlp_chunks, sharding.replicate, pipeline.gather, "
+                       "tensor.sequence_parallel)")),
     (["devices=0"], "error: devices=0 must be >= 1"),
     (["device=tpu"], "error: device='tpu' is not known (choose from cpu, a100-40g, a100-80g, h100, h200)"),
     (["memory_limit=big"], "error: memory_limit='big' is not a size (e.g. 16GB, 40GiB, 1.6e10)"),
@@ -233,7 +234,7 @@ def test_everything_fixed_is_a_what_if_with_breakdown(tmp_path, capsys):
 
     fixed = ["mesh.data=2", "mesh.fsdp=1", "mesh.tensor=2", "mesh.pipe=2", "pipeline.microbatches=4",
              "pipeline.schedule=circular", "pipeline.repeats=2", "train.remat=none", "train.vocab_chunks=1",
-             "train.mlp_chunks=1", "sharding.replicate="]
+             "train.mlp_chunks=1", "sharding.replicate=", "tensor.sequence_parallel=false"]
     assert main(BASE + fixed + [f"out={tmp_path}/p.json", "--json"]) == 0
     obj = json.loads(capsys.readouterr().out)
     w = Workload(GPT2_V, 16, 256)

@@ -152,8 +152,17 @@ def test_megatron_sequence_parallel_terms():
         if r.pipe > 1:  # the scatter/gather p2p's tensor all-gather is gone
             assert no.collectives["tensor all-gather"][1] > 0
         assert sp.memory["activations"] < no.memory["activations"] / 2
-    with pytest.raises(ValueError, match="seq_parallel is a term of the Megatron-engine what-if only, got engine='jaxpar'"):
-        Strategy(tensor=8, seq_parallel=True)
+    # jaxpar's engine (tensor.sequence_parallel) on the 22B row, no pipeline, selective: the same
+    # swap at the same time, and the saved LayerNorm part of every layer split over t (the live
+    # layer keeps its gathered values): L·T·b·(4·D·cb + 16)·(1 - 1/t) bytes less
+    r = next(x for x in P.ROWS_2022 if x.name == "22B")
+    w = P.workload(r)
+    kw = dict(data=1, tensor=8, microbatches=r.microbatches, remat="selective")
+    no, sp = estimate(w, Strategy(**kw), dev), estimate(w, Strategy(**kw, seq_parallel=True), dev)
+    assert sp.step_time_s == pytest.approx(no.step_time_s, rel=1e-12)
+    T, b, D = w.seq_len, r.batch / r.microbatches, w.model.n_embd
+    saved = w.model.n_layer * T * b * (4 * D * 2 + 16) * (1 - 1 / 8)
+    assert no.memory["total"] - sp.memory["total"] == pytest.approx(saved, rel=1e-12)
 
 
 def test_megatron_recompute_repeats_both_tensor_all_reduces():
@@ -258,8 +267,12 @@ def test_529b_fits_with_per_layer_gather_1f1b_or_megatron_engine():
     from jaxpar.planner.search import SearchSpace, search
 
     r, dev = next(x for x in P.ROWS if x.name == "529.6B"), _a100()
-    scan = SearchSpace(one_f_one_b=False, max_microbatches=64)
+    scan = SearchSpace(one_f_one_b=False, max_microbatches=64, sequence_parallel=False)  # as before SP too
     step_only = search(P.workload(r), r.gpus, dev, dev.memory, dataclasses.replace(scan, gathers=("step",)))
+    # tensor.sequence_parallel splits the LayerNorm activations over t=8: 97.2 GiB, still no fit
+    with_sp = search(P.workload(r), r.gpus, dev, dev.memory,
+                     dataclasses.replace(scan, gathers=("step",), sequence_parallel=True))
+    assert with_sp.best is None and with_sp.min_memory / 2**30 == pytest.approx(97.2, abs=0.1)
     assert step_only.best is None and step_only.min_memory / 2**30 == pytest.approx(101.3, abs=0.1)
     best = search(P.workload(r), r.gpus, dev, dev.memory, scan).best
     s = best.strategy

@@ -58,9 +58,12 @@ def exhaustive(w, n, dev, limit, space):
         reps = [1] + ([r for r in REPEATS if w.model.n_layer % (p * r) == 0] if p > 1 and space.repeats else [])
         groups = [()] if f == 1 or not space.osdp else [
             tuple(g for g, x in zip(GROUPS, bits) if x) for bits in itertools.product((0, 1), repeat=3) if not all(bits)]
-        for rep, r, M, remat, vc, mc in itertools.product(groups, reps, divisors(b_rep), space.remat,
-                                                          space.vocab_chunks, space.mlp_chunks):
-            e = estimate(w, Strategy(d, f, t, p, M, r, remat, rep, vc, mc, space.order, space.engine), dev, limit)
+        # tensor.sequence_parallel: both ways where it can split T (jaxpar's engine)
+        sps = (False, True) if space.engine == "jaxpar" and t > 1 and w.seq_len % t == 0 else (False,)
+        for rep, r, M, remat, vc, mc, sp in itertools.product(groups, reps, divisors(b_rep), space.remat,
+                                                              space.vocab_chunks, space.mlp_chunks, sps):
+            e = estimate(w, Strategy(d, f, t, p, M, r, remat, rep, vc, mc, space.order, space.engine,
+                                     seq_parallel=sp), dev, limit)
             min_mem = min(min_mem, e.memory["total"])
             if e.fits and (best is None or e.step_time_s < best[0]):
                 best = (e.step_time_s, e.strategy)
