@@ -163,6 +163,9 @@ TABLE: dict[str, Bound] = {
                                                     "o and dQ bit-equal (AMD Zen 4 host; 8.1e-7 at N6 Hd64)"),
     "flax_model.fp32.loss": Bound(4e-7, 1e-7, "losses of every step; sharding reorders fp32 sums"),
     "flax_model.fp32.grad": Bound(1e-6, 4e-7, "first step's gradients, inf, worst tensor"),
+    # tests/run/test_bisect*.py: `jaxpar bisect`'s forward intermediates (embeddings, LayerNorms, attention
+    # probs and outputs, MLP pre/post activation, residual stream, logits) of clean pairs, inf relative.
+    "bisect.fp32.activation": Bound(1e-6, 1e-6, "PLACEHOLDER"),
     # ----------------------------------------------------------------- torchref strategies vs `single`
     # tests/torchref/test_torchref_strategies.py: single-ps, distributed-ps, horovod at 2 and 4 workers, 10 steps.
     "torchref.fp32.loss": Bound(6e-7, 1.72e-7, "10-step losses; per-worker means then an N-way average, bucket / "
