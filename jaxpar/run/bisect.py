@@ -7,7 +7,8 @@ A run description is one string (`jaxpar.run.options.BisectOptions` has the gram
   hf=DIR [KEY=VALUE...]                     transformers' GPT2LMHeadModel.from_pretrained(DIR)
 Both sides start from one set of weights: DIR's when a side is hf=DIR (its shape; model keys are
 refused), else `gpt2common.init.init_params(model, seed)`; and see one batch: (B, T+1) ids drawn by
-numpy's default_rng(seed) (B, T = train.batch_size, train.seq_len; bisect's defaults 8 and 32).
+numpy's default_rng(seed) (B, T = train.batch_size, train.seq_len; bisect's defaults 8 and 32, with
+precision=fp32 and train.warmup_steps=0 unless a side sets them).
 
 What is compared (jaxpar.run.bisect_compare has the bounds): the forward's named intermediates,
 read on the jaxpar side by `nnx.capture` of the model's `_tap`s (jaxpar.models.gpt2) on the run's
@@ -32,8 +33,11 @@ from gpt2common.grammar import parse_kv
 from jaxpar import config as C
 from jaxpar.config import ConfigError
 
-# fp32 unless a side says precision=bf16; a batch small enough for a tiny model on a laptop
-BASE = C.Config(precision="fp32", train=dataclasses.replace(C.TrainConfig(), batch_size=8, seq_len=32))
+# fp32 unless a side says precision=bf16; a batch small enough for a tiny model on a laptop; no warmup,
+# so the one step moves the weights at the full lr (at lr/(W+1) an update of a weight near 1 is a few
+# ulps of it, below what p_new - p can resolve), as parity_tests.common.PARITY_TRAIN
+BASE = C.Config(precision="fp32", train=dataclasses.replace(C.TrainConfig(), batch_size=8, seq_len=32,
+                                                            warmup_steps=0))
 TORCH_KEYS = ("model", "model.", "seed", "train.")  # what a torchref / hf side may set
 
 

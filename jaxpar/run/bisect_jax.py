@@ -85,10 +85,11 @@ def run_jaxpar(cfg: Config, params: dict, x: np.ndarray, y: np.ndarray) -> dict:
     """One step of `cfg` on its mesh (the first mesh-size devices) from `params` on batch (x, y)."""
     from gpt2common import hf
     from jaxpar.parallel.layout import build_layout
-    from jaxpar.parallel.mesh import mesh_size, resolve_mesh_config
+    from jaxpar.parallel.mesh import mesh_size
     from jaxpar.train import build_trainer, make_loss_fn
 
-    n = mesh_size(resolve_mesh_config(cfg.mesh, jax.device_count()))
+    wild = -1 in dataclasses.astuple(cfg.mesh)  # a -1 axis takes every device
+    n = jax.device_count() if wild else mesh_size(cfg.mesh)
     layout = build_layout(cfg, n)
     tr = build_trainer(layout, devices=jax.devices()[:n])
     loss_fn = make_loss_fn(layout, tr.mesh)
@@ -99,8 +100,9 @@ def run_jaxpar(cfg: Config, params: dict, x: np.ndarray, y: np.ndarray) -> dict:
 
     psh, bsh = tr.state_shardings["params"], tr.batch_sharding
     xs, ys = tr.put_batch(x), tr.put_batch(y)
-    acts, grads = jax.jit(acts_and_grads, in_shardings=(psh, bsh, bsh))(jax.device_put(params, psh), xs, ys)
-    state, metrics = tr.step_fn(tr.init_state(params), xs, ys)
+    state = tr.init_state(params)  # the one placement on the mesh: the step's own
+    acts, grads = jax.jit(acts_and_grads, in_shardings=(psh, bsh, bsh))(state["params"], xs, ys)
+    state, metrics = tr.step_fn(state, xs, ys)  # donates the state: after the read above
     acts, grads, state, metrics = jax.device_get((acts, grads, state, metrics))  # gathers every shard
     B, T = x.shape
     for name, v in acts.items():  # jaxpar's head-split layouts -> HF's (B, T, D) ones
