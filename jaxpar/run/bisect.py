@@ -92,7 +92,7 @@ def _resolve(label: str, text: str, kv: dict, base: C.Config) -> C.Config:
 def resolve_sides(a_text: str, b_text: str) -> tuple[Side, Side, dict]:
     """The two sides and the weights both start from (jaxpar's nested params, numpy fp32)."""
     from gpt2common import hf
-    from jaxpar.models import gpt2
+    from gpt2common.init import init_params  # numpy: no JAX before the devices are set up
 
     parsed = {lab: (txt, *_words(lab, txt)) for lab, txt in (("a", a_text), ("b", b_text))}
     hf_dirs = {lab: kv["hf"] for lab, (_, kind, kv) in parsed.items() if kind == "hf"}
@@ -127,7 +127,7 @@ def resolve_sides(a_text: str, b_text: str) -> tuple[Side, Side, dict]:
         raise ConfigError(f"a and b name two HF dirs ({', '.join(repr(d) for d in hf_dirs.values())}); "
                           "bisect starts both from one set of weights")
     if params is None:
-        params = gpt2.init_params(a.cfg.model, a.cfg.seed)
+        params = init_params(a.cfg.model, a.cfg.seed)
     return a, b, params
 
 

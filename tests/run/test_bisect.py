@@ -171,3 +171,21 @@ def test_the_batch_is_a_pure_function_of_seed_and_shape(ref):
     assert x.shape == y.shape == (8, 16) and x.dtype == np.int32
     assert (x[:, 1:] == y[:, :-1]).all() and 0 <= x.min() and x.max() < 64
     assert (bisect.batch(ref[0].cfg)[0] == x).all()
+
+
+def test_cli_prints_the_table_and_exits_1_at_the_first_tensor_over(tmp_path):
+    """The one subprocess: `jaxpar bisect` as a user runs it, jitted, on 2 emulated devices. Twice
+    the learning rate leaves the forward, gradients and moments alone and doubles the update."""
+    from tests.support.cli_helpers import run
+
+    r = run(["bisect", f"a=jaxpar {SMALL} train.lr=2e-3 mesh.data=2", f"b=torchref strategy=single {SMALL} train.lr=1e-3"])
+    assert r.returncode == 1, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert lines[:2] == [f"a: jaxpar {SMALL} train.lr=2e-3 mesh.data=2", f"b: torchref strategy=single {SMALL} train.lr=1e-3"]
+    assert lines[3].split() == ["tensor", "shape", "max", "abs", "max", "rel", "bound", "verdict"]
+    rows = {ln.split()[0]: ln.split()[1:] for ln in lines[4:] if ln.split() and ln.split()[-1] in ("ok", "OVER")}
+    assert rows["transformer.h.0.attn.attn_weights"][0] == "8x2x16x16" and rows["lm_head"][0] == "8x16x64"
+    over = [name for name, cols in rows.items() if cols[-1] == "OVER"]
+    assert over and all(n.startswith("update/") for n in over) and over[0] == "update/transformer.ln_f.bias"
+    assert all(name in rows for name in forward_order(2) if "scores" not in name)
+    assert lines[-1].startswith("first over its bound: update/transformer.ln_f.bias (max rel 1.00e+00 > bound ")
