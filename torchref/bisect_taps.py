@@ -1,5 +1,5 @@
 """One training step of HF `GPT2LMHeadModel` with every named intermediate read by forward hooks,
-for `jaxpar bisect` (jaxpar.run.bisect). No jaxpar import: the step is torchref's (its loss, its
+for `jaxpar bisect` (jaxpar.run.bisection). No jaxpar import: the step is torchref's (its loss, its
 optax mirror `clip_grads_` + AdamW + `lr_at`), the names are HF's module tree.
 
 Each tap is (module path, what, name): "out" the module's output (the first element of a tuple),

@@ -108,7 +108,7 @@ def _in_matmul_precision(method):
 
 def _tap(module: nnx.Module, name: str, value):
     """`module.sow(nnx.Intermediate, name, value)` while `nnx.capture` collects from `module`
-    (jaxpar.run.bisect names each tap after HF's module tree); elsewhere nothing: no value is kept
+    (jaxpar.run.bisection names each tap after HF's module tree); elsewhere nothing: no value is kept
     and nothing is traced, so the train step's program is the same (tests/run/test_bisect_hlo.py)."""
     if hasattr(module, "__captures__"):  # set on every submodule by nnx.capture
         module.sow(nnx.Intermediate, name, value)

@@ -1,4 +1,4 @@
-"""jaxpar's side of `jaxpar bisect` (jaxpar.run.bisect): one step of a run on its mesh, with every
+"""jaxpar's side of `jaxpar bisect` (jaxpar.run.bisection): one step of a run on its mesh, with every
 named intermediate of the forward read through `nnx.capture` and renamed after HF's module tree.
 
 The model's taps (`jaxpar.models.gpt2._tap`) record only inside `nnx.capture`; the training step

@@ -1,4 +1,4 @@
-"""`jaxpar bisect` (jaxpar.run.bisect): clean pairs flag nothing, and each planted bug is named at
+"""`jaxpar bisect` (jaxpar.run.bisection): clean pairs flag nothing, and each planted bug is named at
 the first tensor it changes.
 
 One device, in this process: a small GPT-2 (2 layers, D=32, 2 heads, vocab 64, B=8, T=16). The
@@ -21,7 +21,7 @@ import pytest
 
 from jaxpar import tolerances as T
 from jaxpar.models import gpt2, mixed_attention
-from jaxpar.run import bisect
+from jaxpar.run import bisection as bisect
 from jaxpar.run.bisect_compare import compare, forward_order, report
 
 SMALL = "model=gpt2-tiny model.n_embd=32 model.n_head=2 model.vocab_size=64 train.seq_len=16"

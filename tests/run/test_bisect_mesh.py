@@ -93,7 +93,7 @@ def _worker(out: str, names: list[str]) -> None:
     jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(dir=os.path.dirname(out)))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    from jaxpar.run import bisect
+    from jaxpar.run import bisection as bisect
     from jaxpar.run.bisect_compare import compare, report
 
     reference, results = None, {}
