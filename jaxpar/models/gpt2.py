@@ -248,7 +248,8 @@ class MLP(nnx.Module):
                                 self.c_proj.bias[...], self.chunks, pol)
             return _dropout(y, self.dropout, key)
         h = _tap(self, "c_fc_out", pol.linear("btd,df->btf", x, self.c_fc.weight[...], self.c_fc.bias[...]))
-        h = constrain(_tap(self, "act_out", gelu_tanh(h)), ("batch", "seq", "mlp"))  # fp32 math: jaxpar.models.gelu
+        # fp32 math, saves only h: jaxpar.models.gelu
+        h = constrain(_tap(self, "act_out", gelu_tanh(h)), ("batch", "seq", "mlp"))
         y = pol.linear("btf,fd->btd", h, self.c_proj.weight[...], self.c_proj.bias[...], x_elementwise=True)
         return _dropout(_tap(self, "c_proj_out", y), self.dropout, key)
 
