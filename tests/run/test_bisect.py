@@ -4,8 +4,8 @@ the first tensor it changes.
 One device, in this process: a small GPT-2 (2 layers, D=32, 2 heads, vocab 64, B=8, T=16). The
 torchref side is the shared reference (one run per module). The jaxpar sides run with jit
 disabled: every planted bug changes the program, and op by op the ops compiled for the first run
-serve every later one (a jitted side recompiles each time: ~4x slower over the 10 runs here); the
-jitted path is the CLI test's and tests/run/test_bisect_mesh.py's. Each bug is planted by
+serve every later one (a jitted side recompiles each time: ~4x slower over the 11 runs here); the
+jitted path, and the CLI, are tests/run/test_bisect_mesh.py's. Each bug is planted by
 monkeypatching one function of the product for one run; none is a product flag.
 """
 
@@ -22,7 +22,7 @@ import pytest
 from jaxpar import tolerances as T
 from jaxpar.models import gpt2, mixed_attention
 from jaxpar.run import bisection as bisect
-from jaxpar.run.bisect_compare import compare, forward_order, report
+from jaxpar.run.bisect_compare import compare, forward_order, param_order, report
 
 SMALL = "model=gpt2-tiny model.n_embd=32 model.n_head=2 model.vocab_size=64 train.seq_len=16"
 JAX = f"jaxpar {SMALL}"
@@ -173,19 +173,23 @@ def test_the_batch_is_a_pure_function_of_seed_and_shape(ref):
     assert (bisect.batch(ref[0].cfg)[0] == x).all()
 
 
-def test_cli_prints_the_table_and_exits_1_at_the_first_tensor_over(tmp_path):
-    """The one subprocess: `jaxpar bisect` as a user runs it, jitted, on 2 emulated devices. Twice
-    the learning rate leaves the forward, gradients and moments alone and doubles the update."""
-    from tests.support.cli_helpers import run
+def test_main_prints_the_table_and_exits_1_at_the_first_tensor_over(tmp_path, ref, capsys):
+    """`main` as the CLI calls it, on the two torch sides (no JAX): twice the learning rate leaves the
+    forward, gradients and moments alone and doubles the update."""
+    from gpt2common import hf
 
-    r = run(["bisect", f"a=jaxpar {SMALL} train.lr=2e-3 mesh.data=2", f"b=torchref strategy=single {SMALL} train.lr=1e-3"])
-    assert r.returncode == 1, r.stderr[-2000:]
-    lines = r.stdout.splitlines()
-    assert lines[:2] == [f"a: jaxpar {SMALL} train.lr=2e-3 mesh.data=2", f"b: torchref strategy=single {SMALL} train.lr=1e-3"]
+    cfg = ref[0].cfg
+    hf.save_hf(str(tmp_path), cfg.model, gpt2.init_params(cfg.model, 0))
+    a, b = "torchref strategy=single train.seq_len=16 train.lr=2e-3", f"hf={tmp_path} train.seq_len=16 train.lr=1e-3"
+    assert bisect.main([f"a={a}", f"b={b}"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == [f"a: {a}", f"b: {b}", ""]
     assert lines[3].split() == ["tensor", "shape", "max", "abs", "max", "rel", "bound", "verdict"]
-    rows = {ln.split()[0]: ln.split()[1:] for ln in lines[4:] if ln.split() and ln.split()[-1] in ("ok", "OVER")}
+    rows = {ln.split()[0]: ln.split()[1:] for ln in lines[4:-1]}
+    assert list(rows) == [n for n in forward_order(2) if "scores" not in n] + [
+        f"{k}/{n}" for k in ("grad", "adam.mu", "adam.nu", "update") for n in param_order(2)[::-1]]
     assert rows["transformer.h.0.attn.attn_weights"][0] == "8x2x16x16" and rows["lm_head"][0] == "8x16x64"
+    assert rows["transformer.h.0.attn.attn_weights"][1:] == ["0.00e+00", "0.00e+00", "3.00e-06", "ok"]
     over = [name for name, cols in rows.items() if cols[-1] == "OVER"]
-    assert over and all(n.startswith("update/") for n in over) and over[0] == "update/transformer.ln_f.bias"
-    assert all(name in rows for name in forward_order(2) if "scores" not in name)
+    assert over[0] == "update/transformer.ln_f.bias" and all(n.startswith("update/") for n in over)
     assert lines[-1].startswith("first over its bound: update/transformer.ln_f.bias (max rel 1.00e+00 > bound ")

@@ -1,19 +1,19 @@
 """`jaxpar bisect` across meshes on 8 emulated CPU devices: jaxpar on one device vs data=2 fsdp=2
 tensor=2 flags nothing, and three bugs only a mesh has are named where they first show.
 
-The device count must be set before JAX starts, so the runs happen in a subprocess (this file's
-worker mode), jitted as the CLI runs them; the one-device side is computed once per worker and is
-the reference of every pair, and the worker keeps a compilation cache, so the transposed shard
-(a placement bug: the programs of the clean 2x2x2 run) compiles nothing. The two bugs that change
-the mesh's programs compile their own and run under -m slow. Bugs are planted by monkeypatching
-one product function in the worker.
+The device count must be set before JAX starts, so the runs happen in subprocesses: first the CLI
+itself on the clean pair (the one CLI test: exit 0 and the table), then this file's worker mode,
+which plants each bug by monkeypatching one product function and runs bisect in-process, jitted as
+the CLI runs it. Both share the test run's compilation cache (tests/support/cli_helpers.py), so
+the worker's one-device reference and its transposed shard (a placement bug: the programs of the
+clean 2x2x2 run) compile nothing. The two bugs that change the mesh's programs compile their own
+and run under -m slow.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from unittest import mock
 
@@ -86,13 +86,6 @@ def _plant(name: str):
 
 
 def _worker(out: str, names: list[str]) -> None:
-    import tempfile
-
-    import jax
-
-    jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(dir=os.path.dirname(out)))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     from jaxpar.run import bisection as bisect
     from jaxpar.run.bisect_compare import compare, report
 
@@ -116,9 +109,31 @@ def _worker(out: str, names: list[str]) -> None:
 
 
 def _results(tmp_path_factory, names):
-    from tests.support.cli_helpers import run_worker
+    """This file's worker on 8 emulated devices with the CLI runs' environment and compilation cache."""
+    import subprocess
 
-    return run_worker(__file__, tmp_path_factory.mktemp("bisect_mesh"), "bisect_mesh", *names)
+    from tests.support.cli_helpers import clean_env
+
+    out = tmp_path_factory.mktemp("bisect_mesh") / "bisect_mesh.json"
+    env = clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    r = subprocess.run([sys.executable, __file__, "bisect_mesh", str(out), *names], env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_cli_one_device_vs_2x2x2_is_clean_and_prints_the_table():
+    from tests.support.cli_helpers import run
+
+    r = run(["bisect", f"jaxpar {SMALL} {MESH3}", f"jaxpar {SMALL}"])
+    assert r.returncode == 0, r.stderr[-2000:] + r.stdout[-3000:]
+    lines = r.stdout.splitlines()
+    assert lines[:2] == [f"a: jaxpar {SMALL} {MESH3}", f"b: jaxpar {SMALL}"]
+    assert lines[3].split() == ["tensor", "shape", "max", "abs", "max", "rel", "bound", "verdict"]
+    rows = [ln.split() for ln in lines[4:-1]]
+    assert len(rows) == 142 and all(r[-1] == "ok" for r in rows)  # 29 intermediates (scores too), loss, 4 x 28
+    assert rows[0][:2] == ["transformer.wte", "8x16x32"] and rows[-1][:2] == ["update/transformer.wte.weight", "64x32"]
+    assert lines[-1] == "clean: all 142 tensors within their bounds"
 
 
 @pytest.fixture(scope="module")
