@@ -32,6 +32,7 @@ COMMANDS = {
     "convert": "jaxpar.run.commands:convert",
     "plot": "jaxpar.run.commands:plot",
     "mesh": "jaxpar.run.commands:mesh",
+    "bisect": "jaxpar.run.bisection:main",
     "launch": "jaxpar.run.launch:main",
     "plan": "jaxpar.planner.cli:main",
 }

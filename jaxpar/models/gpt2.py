@@ -106,6 +106,15 @@ def _in_matmul_precision(method):
     return wrapper
 
 
+def _tap(module: nnx.Module, name: str, value):
+    """`module.sow(nnx.Intermediate, name, value)` while `nnx.capture` collects from `module`
+    (jaxpar.run.bisection names each tap after HF's module tree); elsewhere nothing: no value is kept
+    and nothing is traced, so the train step's program is the same (tests/run/test_bisect_hlo.py)."""
+    if hasattr(module, "__captures__"):  # set on every submodule by nnx.capture
+        module.sow(nnx.Intermediate, name, value)
+    return value
+
+
 def _dropout(x, rate: float, key):
     if rate == 0.0 or key is None:
         return x
@@ -138,7 +147,7 @@ class LayerNorm(nnx.Module):
         self.eps = eps
 
     def __call__(self, x):
-        return layer_norm(x, self.weight[...], self.bias[...], self.eps)
+        return _tap(self, "y", layer_norm(x, self.weight[...], self.bias[...], self.eps))
 
 
 class Attention(nnx.Module):
@@ -159,7 +168,7 @@ class Attention(nnx.Module):
     def __call__(self, x, key=None):  # x: (B, T, D) compute dtype
         pol = self.policy
         # (B, T, D) x (D, 3, N, Hd) -> (B, T, 3, N, Hd)
-        qkv = pol.linear("btd,dcnh->btcnh", x, self.c_attn.weight[...], self.c_attn.bias[...])
+        qkv = _tap(self, "c_attn_out", pol.linear("btd,dcnh->btcnh", x, self.c_attn.weight[...], self.c_attn.bias[...]))
         k1 = None
         if key is not None:
             k1, key = jax.random.split(key)
@@ -178,8 +187,8 @@ class Attention(nnx.Module):
             core = jax.checkpoint(core, prevent_cse=False) if self.remat_core else core
             o = core(q, k, v, k1)
         # (B, T, N, Hd) x (N, Hd, D) -> (B, T, D): row-parallel under tensor sharding
-        y = pol.linear("btnh,nhd->btd", o, self.c_proj.weight[...], self.c_proj.bias[...])
-        return _dropout(y, self.dropout, key)
+        y = pol.linear("btnh,nhd->btd", _tap(self, "heads_out", o), self.c_proj.weight[...], self.c_proj.bias[...])
+        return _dropout(_tap(self, "c_proj_out", y), self.dropout, key)
 
     def _fused_core(self, key) -> bool:
         """The fused-qkv core for bf16 only: measured in fp32 it made the step slower (0.985x small,
@@ -197,7 +206,7 @@ class Attention(nnx.Module):
         hd = q.shape[-1]
         # Scores and causal softmax in fp32: (B, N, T, T); its backward saves only the probs
         s = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
-        probs = causal_softmax(s)
+        probs = _tap(self, "attn_weights", causal_softmax(_tap(self, "attn_scores", s)))
         if key is not None:
             probs = _dropout(probs, self.dropout, key)
         # GPU (bf16-out dots) and dropout; CPU bf16/fp32 without dropout: causal_attention above
@@ -238,10 +247,11 @@ class MLP(nnx.Module):
             y = chunked.chunked_mlp(x, self.c_fc.weight[...], self.c_fc.bias[...], self.c_proj.weight[...],
                                 self.c_proj.bias[...], self.chunks, pol)
             return _dropout(y, self.dropout, key)
-        h = pol.linear("btd,df->btf", x, self.c_fc.weight[...], self.c_fc.bias[...])
-        h = constrain(gelu_tanh(h), ("batch", "seq", "mlp"))  # fp32 math, saves only h: jaxpar.models.gelu
+        h = _tap(self, "c_fc_out", pol.linear("btd,df->btf", x, self.c_fc.weight[...], self.c_fc.bias[...]))
+        # fp32 math, saves only h: jaxpar.models.gelu
+        h = constrain(_tap(self, "act_out", gelu_tanh(h)), ("batch", "seq", "mlp"))
         y = pol.linear("btf,fd->btd", h, self.c_proj.weight[...], self.c_proj.bias[...], x_elementwise=True)
-        return _dropout(y, self.dropout, key)
+        return _dropout(_tap(self, "c_proj_out", y), self.dropout, key)
 
 
 class Block(nnx.Module):
@@ -264,9 +274,9 @@ class Block(nnx.Module):
             k1, k2 = jax.random.split(key)
         # the residual stream is "resid_seq" (unsplit unless sequence parallelism maps it to
         # `tensor`); q, k, v and the MLP hidden keep "seq", which no rule splits
-        x = constrain(x + self.attn(self.ln_1(x), k1), ("batch", "resid_seq", "embed"))
+        x = constrain(_tap(self, "resid_mid", x + self.attn(self.ln_1(x), k1)), ("batch", "resid_seq", "embed"))
         x = x + self.mlp(self.ln_2(x), k2)
-        return constrain(x, ("batch", "resid_seq", "embed"))
+        return constrain(_tap(self, "out", x), ("batch", "resid_seq", "embed"))
 
 
 def scan_unroll(n_layer: int, backend: str | None = None, remat: Remat | str = Remat.NONE) -> int:
@@ -313,9 +323,9 @@ class GPT2(nnx.Module):
 
     def embed(self, tokens, key=None):  # (B, T) int32 -> (B, T, D) compute dtype
         T = tokens.shape[1]
-        x = self.wte.weight[...][tokens] + self.wpe.weight[...][:T][None]
+        x = _tap(self, "wte_out", self.wte.weight[...][tokens]) + _tap(self, "wpe_out", self.wpe.weight[...][:T][None])
         x = _dropout(x, self.cfg.dropout, key)
-        return constrain(self.policy.cast(x), ("batch", "resid_seq", "embed"))
+        return constrain(_tap(self, "drop_out", self.policy.cast(x)), ("batch", "resid_seq", "embed"))
 
     def blocks(self, x, key=None):  # (B, T, D) -> (B, T, D) through the stack of L layers
         # One layer's structure (unstacked axes metadata); each scan step merges its slice of the stack.
@@ -337,7 +347,7 @@ class GPT2(nnx.Module):
     def head(self, x):  # (B, T, D) -> (B, T, V) fp32 logits via the tied embedding
         x = self.ln_f(x)
         logits = self.policy.einsum("btd,vd->btv", x, self.wte.weight[...])
-        return constrain(logits, ("batch", "seq", "vocab"))
+        return constrain(_tap(self, "logits", logits), ("batch", "seq", "vocab"))
 
     @_in_matmul_precision
     def head_loss(self, x, targets):  # (B, T, D), (B, T) -> mean fp32 cross-entropy

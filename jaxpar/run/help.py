@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("nprocs=N [port=P] [grace=S] -- <command ...>", "run N local processes as one job (CPU collectives)"),
     "inspect": ("[--config FILE.yaml] [key=value ...]",
                 "compile the train step only; print memory and collective bytes (= train dry_run=true)"),
+    "bisect": ("'RUN A' 'RUN B'  |  a='RUN A' b='RUN B'",
+               "one step of two runs from the same weights and batch; name the first tensor where they part"),
     "plan": ("[key=value ...] [--json]", "choose mesh, stages, microbatches and remat from the cost model"),
 }
 
@@ -52,7 +54,8 @@ def documented_classes() -> list[type]:
     from jaxpar.planner import cli as plan_cli
     from jaxpar.planner.devices import DeviceSpec
 
-    options = [O.PrepareOptions, O.EvalOptions, O.SampleOptions, O.ConvertOptions, O.PlotOptions, O.LaunchOptions]
+    options = [O.PrepareOptions, O.EvalOptions, O.SampleOptions, O.ConvertOptions, O.PlotOptions, O.LaunchOptions,
+               O.BisectOptions]
     return [C.Config, *C.SECTIONS.values(), *options, plan_cli.PlanOptions, DeviceSpec]
 
 
@@ -154,7 +157,24 @@ def command_rows(cmd: str) -> tuple[list[tuple[str, str, str, str]], list[str]]:
                                              "jaxpar launch nprocs=2 -- train mesh.data=4 ..."]
     if cmd == "plan":
         return _plan_rows(cfg)
+    if cmd == "bisect":
+        return list(rows(O.BisectOptions)), BISECT_NOTES
     raise KeyError(cmd)
+
+
+BISECT_NOTES = [
+    "RUN: 'jaxpar KEY=VALUE...' (any train key, mesh.* and pipeline.* included), 'torchref strategy=single "
+    "[KEY=VALUE...]' or 'hf=DIR [KEY=VALUE...]'; torchref and hf sides take model, model.*, seed and train.*.",
+    "Both start from the same weights (hf=DIR's, else the shared init of model and seed) and one batch of "
+    "random ids (seed; train.batch_size=8, train.seq_len=32, train.warmup_steps=0, precision=fp32 unless given).",
+    "Compared in model order: embeddings, each block's LayerNorms, attention probs and output, MLP pre/post "
+    "activation, residual stream, logits, loss; then every gradient in backward order; then AdamW's moments and "
+    "update. Names follow HF's module tree (transformer.h.0.attn.attn_weights, lm_head, ...).",
+    "Prints tensor, shape, max abs, max rel, bound (jaxpar/tolerances.py), verdict, and the first tensor over "
+    "its bound. Exit 0 clean, 1 when one is over, 2 on bad input.",
+    "Example: jaxpar bisect 'jaxpar model=gpt2-tiny mesh.data=2 mesh.tensor=2' 'torchref strategy=single "
+    "model=gpt2-tiny'",
+]
 
 
 def _plan_rows(cfg: C.Config):

@@ -66,3 +66,11 @@ def names(cls) -> tuple[str, ...]:
 def default(cls, name: str):
     """The default of option `name` of `cls` (its field default)."""
     return next(f.default for f in fields(cls) if f.name == name)
+
+
+@dataclass(frozen=True)
+class BisectOptions:
+    """`jaxpar bisect A B` or `jaxpar bisect a=A b=B`: each a run description, one quoted string."""
+    a: str = setting("", "first run: 'jaxpar KEY=VALUE...' | 'torchref strategy=single [KEY=VALUE...]' | "
+                         "'hf=DIR [KEY=VALUE...]' (required)")
+    b: str = setting("", "second run, the reference, in the same grammar (required)")
