@@ -45,9 +45,10 @@ VALUES = st.one_of(
 
 
 def test_keys_cover_the_documented_ones():
-    assert len(KEYS) == 54 and {"model", "model.attention", "pipeline.gather", "train.skip_nonfinite",
+    assert len(KEYS) == 58 and {"model", "model.attention", "pipeline.gather", "train.skip_nonfinite",
                                 "sharding.replicate", "eval.windows", "progress", "train.ckpt_minutes",
-                                "train.keep_checkpoints", "tensor.sequence_parallel"} <= set(KEYS)
+                                "train.keep_checkpoints", "tensor.sequence_parallel", "log.wandb",
+                                "log.wandb_project", "log.wandb_mode", "init_state"} <= set(KEYS)
 
 
 @settings(max_examples=400, deadline=None)
