@@ -15,16 +15,17 @@ B(m, v) after F(m, v) and B(m, v+1) (the last virtual stage computes the head an
 B); W(m, v) after B(m, v).
 
 Schedules (S ranks, M microbatches, R chunks per rank):
-  1f1b         PipeDream-flush: rank s runs min(S-1-s, M) warm-up forwards, then alternates F and
-               BW, then the remaining BWs. N = 3(M+S-1); bubble (S-1)/(M+S-1); stash min(M, S-s) on rank s.
+  1f1b         PipeDream-flush with the warm-up lock step needs: rank s runs min(2(S-1-s), M)
+               forwards, then alternates F and BW, then the remaining BWs. N = 3(M+S-1); bubble
+               (S-1)/(M+S-1); stash min(M, 2S-1) (rank 0).
   interleaved  Megatron-LM's virtual-stage order (Narayanan et al. 2021): forwards in groups of S
                microbatches per chunk, chunks ascending (descending for the backward), warm-up
                2(S-1-s) + (R-1)S forwards, then F/BW alternating. Needs M % S == 0. Bubble
                (S-1)/(R·M+S-1); stash (R+1)S - 1 chunk inputs on rank 0 for M >= 2S.
-  zb           ZB-H1 (Qi et al. 2023): B and W split; 1F1B's warm-up of S-s forwards, then
-               B_i, W_{i-s}, F_{i+S-s}: rank s defers s weight gradients, so it holds at most S
-               inputs (1F1B's rank-0 stash, min(M, S)) and the deferred Ws fill the drain.
-               Bubble (S-1)/(3M+S-1) for M >= S (more idle below).
+  zb           ZB-H1 (Qi et al. 2023): B and W split; 1F1B's warm-up, then B_i, W_{i-s}, F:
+               rank s defers s weight gradients, which fill the drain. Bubble (S-1)/(3M+S-1)
+               for M >= S (more idle below); stash min(M, 2S-1) inputs as 1f1b, and up to S
+               output gradients waiting for their W.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ TABLE_SCHEDULES = ("1f1b", "interleaved", "zb")
 
 
 def _orders_1f1b(S: int, M: int, R: int):
-    """Each rank's program: warm-up forwards, then one F and one BW, then the remaining BWs."""
+    """Each rank's program: 2(S-1-s) warm-up forwards (what lock step needs to keep every rank
+    busy, `lockstep`), then one F and one BW, then the remaining BWs."""
     out = []
     for s in range(S):
-        warm = min(S - 1 - s, M)
+        warm = min(2 * (S - 1 - s), M)
         prog = [(F, m, s) for m in range(warm)]
         for i in range(M - warm):
             prog += [(F, warm + i, s), (BW, i, s)]
@@ -75,12 +77,12 @@ def _orders_interleaved(S: int, M: int, R: int):
 
 
 def _orders_zb(S: int, M: int, R: int):
-    """ZB-H1: 1F1B's warm-up (S-s forwards), then per microbatch i: B_i, the W of microbatch
-    i-s (rank s defers s weight gradients, holding at most S inputs like 1F1B's rank 0), the next
-    forward; the deferred Ws close the program and fill the drain."""
+    """ZB-H1: 1F1B's warm-up and first forward (2(S-1-s) + 1), then per microbatch i: B_i, the
+    W of microbatch i-s (rank s defers s weight gradients), the next forward; the deferred Ws
+    close the program and fill the drain."""
     out = []
     for s in range(S):
-        warm = min(S - s, M)
+        warm = min(2 * (S - 1 - s) + 1, M)
         prog = [(F, m, s) for m in range(warm)]
         for i in range(M):
             prog.append((B, i, s))
@@ -242,6 +244,78 @@ def assign_slots(intervals) -> tuple[dict[tuple, int], int]:
             slots[(s, m, v)] = j
         n = max(n, len(free_at))
     return slots, n
+
+
+# ----------------------------------------------------------------------------- the lock-step plan
+
+LANE = {F: 0, B: 1, BW: 1, W: 2}  # a plan tick runs, per rank, at most one action per lane, in this order
+
+
+def lockstep(table: np.ndarray) -> np.ndarray:
+    """The table packed for one SPMD scan: (N', S, 3 lanes, 3) [kind, m, v], lane 0 forward,
+    lane 1 B or BW, lane 2 W. Ranks run in lock step (one ppermute each way ends every tick), so
+    a tick lasts as long as its slowest rank and unit ticks would leave every rank waiting on
+    the slowest action; packed, a rank runs up to one action per lane in a tick. Each action
+    lands on the earliest tick that keeps (1) its inputs: made on another rank, at an earlier
+    tick; on its own rank, at an earlier tick or an earlier lane of the same one; (2) its
+    rank's program order, except that a forward may share the tick of the action just before
+    it (running first). 1f1b packs into M + 2S - 2 ticks, one F and one BW per rank per tick."""
+    N, S, _ = table.shape
+    V = int(table[..., 2].max()) + 1
+    at: dict[tuple, int] = {}  # (kind, m, v) -> plan tick
+    last = [[-1, -1, -1] for _ in range(S)]  # per rank and lane: the last tick used
+    prev = [(-1, None) for _ in range(S)]  # per rank: (tick, lane) of the previous action
+    rows: list = []
+    for t in range(N):
+        for s in range(S):
+            k, m, v = (int(x) for x in table[t, s])
+            if k in (IDLE, HOLD):
+                continue
+            lane = LANE[k]
+            lo = last[s][lane] + 1
+            pt, pl = prev[s]
+            if pl is not None:
+                lo = max(lo, pt if (lane > pl or k == F) else pt + 1)
+            if k == F and v > 0:
+                lo = max(lo, at[(F, m, v - 1)] + 1)
+            if k in (B, BW):
+                lo = max(lo, at[(F, m, v)])
+                if v < V - 1:
+                    lo = max(lo, at[(B, m, v + 1)] + 1)
+            if k == W:
+                lo = max(lo, at[(B, m, v)])
+            while len(rows) <= lo:
+                rows.append(np.full((S, 3, 3), -1, np.int32))
+                rows[-1][..., 0] = IDLE
+            rows[lo][s, lane] = (k, m, v)
+            at[(B if k == BW else k, m, v)] = lo
+            last[s][lane] = lo
+            if k == F and pl is not None and lo == pt:
+                continue  # ran ahead of the previous action: that one stays the rank's latest
+            prev[s] = (lo, lane)
+    return np.stack(rows)
+
+
+def plan_intervals(plan: np.ndarray):
+    """Per rank, in plan ticks: (first, last, m, v) of each saved stage input x (arrival -> last
+    W / BW) and of each saved output gradient dy (arrival, or the last stage's own B -> its B /
+    BW / W). Within a tick: arrivals are stored first, then lanes F, B, W run."""
+    S = plan.shape[1]
+    at: dict[tuple, int] = {}
+    for t, s, lane in zip(*np.nonzero(plan[..., 0] != IDLE)):
+        k, m, v = (int(x) for x in plan[t, s, lane])
+        at[(k, m, v)] = int(t)
+    V = max(v for _, _, v in at) + 1
+    xs: list[list] = [[] for _ in range(S)]
+    gs: list[list] = [[] for _ in range(S)]
+    for (k, m, v), t in at.items():
+        if k not in (W, BW):
+            continue
+        s = v % S
+        xs[s].append((at[(F, m, v)] if v == 0 else at[(F, m, v - 1)] + 1, t, m, v))
+        b = at.get((B, m, v), t)
+        gs[s].append((b if v == V - 1 else at.get((B, m, v + 1), at.get((BW, m, v + 1), -1)) + 1, t, m, v))
+    return xs, gs
 
 
 def render(table: np.ndarray) -> str:

@@ -54,8 +54,21 @@ def test_1f1b_and_zb_tables(S, M):
         assert sc.bubble(tz) == pytest.approx(bubble_fraction(S, M, 1, "zb"), abs=1e-15)
     else:  # fewer microbatches than stages: more idle than the form (the form holds for M >= S)
         assert sc.bubble(tz) > bubble_fraction(S, M, 1, "zb")
-    # the same stash: min(M, S) stage inputs on rank 0, whatever M
-    assert sc.peak_stash(t1) == sc.peak_stash(tz) == min(M, S)
+    # the same stash: min(M, 2S-1) stage inputs on rank 0, whatever M
+    assert sc.peak_stash(t1) == sc.peak_stash(tz) == min(M, 2 * S - 1)
+    # packed for lock step: 1f1b is F(t-s) and BW(t-(2S-2-s)) at tick t, M + 2S - 2 ticks, and
+    # zb packs into as many; the stash the packed plan needs is the table's
+    p1, pz = sc.lockstep(t1), sc.lockstep(tz)
+    assert len(p1) == len(pz) == M + 2 * S - 2
+    for t in range(len(p1)):
+        for s in range(S):
+            f, b = t - s, t - (2 * S - 2 - s)
+            assert tuple(p1[t, s, 0]) == ((sc.F, f, s) if 0 <= f < M else (sc.IDLE, -1, -1))
+            assert tuple(p1[t, s, 1]) == ((sc.BW, b, s) if 0 <= b < M else (sc.IDLE, -1, -1))
+    for p in (p1, pz):
+        xs, gs = sc.plan_intervals(p)
+        assert sc.peak_live(xs) == min(M, 2 * S - 1)
+    assert sc.peak_live(sc.plan_intervals(pz)[1]) == min(M, S)
 
 
 @pytest.mark.parametrize("S,R", [(S, R) for S in range(2, 9) for R in range(1, 5)])
@@ -68,6 +81,7 @@ def test_interleaved_tables(S, R):
         assert len(tab) == 3 * (R * M + S - 1) and list(sc.idle_ticks(tab)) == [3 * (S - 1)] * S
         assert sc.bubble(tab) == pytest.approx(bubble_fraction(S, M, R, "interleaved"), abs=1e-15)
         stash[M] = sc.peak_stash(tab)
+        assert sc.peak_live(sc.plan_intervals(sc.lockstep(tab))[0]) == stash[M]  # packed: the same stash
     # bounded independently of M: rank 0's warm-up 2(S-1) + (R-1)S forwards and one more, for
     # every M >= 2S (fewer microbatches hold fewer)
     assert {v for M, v in stash.items() if M >= 2 * S} == {(R + 1) * S - 1}, stash
