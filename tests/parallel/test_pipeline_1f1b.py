@@ -83,7 +83,8 @@ def test_schedule_table_invariants(S, M):
 
 def _cfg(**pipe_kw):
     model = dataclasses.replace(PRESETS["gpt2-tiny"], n_layer=4, dropout=pipe_kw.pop("dropout", 0.0))
-    return Config(model=model, mesh=MeshConfig(pipe=2), pipeline=PipelineConfig(schedule="1f1b", **pipe_kw),
+    pipe_kw.setdefault("schedule", "1f1b")
+    return Config(model=model, mesh=MeshConfig(pipe=2), pipeline=PipelineConfig(**pipe_kw),
                   train=TrainConfig(batch_size=8, seq_len=32), precision="fp32")
 
 
@@ -92,6 +93,10 @@ def _cfg(**pipe_kw):
     (dict(gather="layer"), "pipeline.schedule=1f1b does not support pipeline.gather='layer' "
                            "(use gather=step, or schedule=gpipe)"),
     (dict(repeats=2), "pipeline.repeats=2 needs pipeline.schedule=circular or interleaved (got '1f1b')"),
+    (dict(schedule="zb", repeats=2), "pipeline.repeats=2 needs pipeline.schedule=circular or interleaved (got 'zb')"),
+    (dict(schedule="interleaved", repeats=2, microbatches=3),
+     "pipeline.schedule=interleaved needs pipeline.microbatches=3 divisible by mesh.pipe=2 "
+     "(Megatron's order runs microbatches in groups of mesh.pipe)"),
 ])
 def test_unsupported_settings_are_one_line_errors(kw, msg):
     with pytest.raises(ConfigError) as e:
