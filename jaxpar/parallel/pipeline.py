@@ -271,6 +271,13 @@ def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, lay: ParallelLayout, 
 # ----------------------------------------------------------------------------- loss and logits
 
 
+def embed_keep(key, m, rows: int, T: int, D: int, rate: float):
+    """The embedding's dropout mask of microbatch m, (rows, T, D) bool, rows = B/M: drawn per
+    microbatch so a table schedule (jaxpar.parallel.pipeline_exec), which embeds one microbatch at
+    a time, draws GPipe's mask."""
+    return jax.random.bernoulli(jax.random.fold_in(key, m), 1.0 - rate, (rows, T, D))
+
+
 def _pipeline_model(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
     """run(params, inputs (B,T), key|None, remat) -> (GPT2 model, (B,T,D) block outputs):
     embedding, then the blocks pipelined over `pipe`. Callers apply the head (loss for
@@ -284,6 +291,10 @@ def _pipeline_model(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
         if key is not None:
             k_embed, k_blocks = jax.random.split(key)
         model = nnx.merge(graphdef, params)
+        if x is None and k_embed is not None and mc.dropout > 0:  # one mask per microbatch (embed_keep)
+            B, T = inputs.shape
+            keep = jax.vmap(lambda m: embed_keep(k_embed, m, B // M, T, mc.n_embd, mc.dropout))(jnp.arange(M))
+            x = model.embed(inputs, keep=keep.swapaxes(0, 1).reshape(B, T, mc.n_embd))  # microbatch m: rows i·M + m
         x = model.embed(inputs, k_embed) if x is None else x
         w = to_stage_layout(params["h"], lay.stages)
         y = pipeline_blocks(mc, policy, mesh, lay, w, x, M, k_blocks, remat=remat, mlp_chunks=cfg.train.mlp_chunks,

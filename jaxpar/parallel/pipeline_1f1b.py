@@ -15,8 +15,9 @@ Measured (train step temp bytes, gpt2-tiny L=4, T=64, 4 rows per microbatch, pip
 Autodiff sees a `jax.custom_vjp` loss: the forward runs the whole step and keeps the grads as its
 residual, the backward returns cotangent·grads (float0 for the token ids), so
 `jax.value_and_grad(loss_fn)` in train.py is unchanged. Evaluation and sampling keep the GPipe
-forward (`jaxpar.parallel.pipeline.make_pipeline_logits_fn`). Refused in
-`jaxpar.parallel.layout` (one-line errors): dropout > 0, pipeline.gather=layer.
+forward (`jaxpar.parallel.pipeline.make_pipeline_logits_fn`). model.dropout > 0 draws GPipe's
+masks; pipeline.gather=layer gathers each layer's fsdp shards where it runs (forward and every
+re-run), its gradients reduce-scattered there.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxpar.config import Config
@@ -41,28 +43,36 @@ def schedule_table(S: int, M: int) -> np.ndarray:
 
 
 def make_schedule_loss_fn(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
-    """(params, inputs (B,T), targets (B,T), key=None) -> mean fp32 loss whose gradient (via
-    `jax.custom_vjp`) is the one the table schedule computed alongside it."""
-    step = make_schedule_step(cfg, lay, mesh)
+    """(params, inputs (B,T), targets (B,T), key|None) -> mean fp32 loss whose gradient (via
+    `jax.custom_vjp`) is the one the table schedule computed alongside it; `key` draws
+    model.dropout's masks as the GPipe schedule does (`pipeline_exec.make_schedule_step`)."""
+    steps = {d: make_schedule_step(cfg, lay, mesh, dropout=d) for d in (False, True)}
 
-    @jax.custom_vjp
-    def loss(params, inputs, targets):
-        return step(params, inputs, targets)[0]
+    def custom(dropout: bool):
+        step = steps[dropout]
 
-    def fwd(params, inputs, targets):
-        value, grads = step(params, inputs, targets)
-        return value, (grads, inputs, targets)
+        @jax.custom_vjp
+        def loss(params, inputs, targets, key):
+            return step(params, inputs, targets, key)[0]
 
-    def bwd(res, ct):
-        grads, inputs, targets = res
-        zero = lambda a: np.zeros(a.shape, jax.dtypes.float0)  # noqa: E731  (integer inputs)
-        return jax.tree.map(lambda g: (ct * g).astype(g.dtype), grads), zero(inputs), zero(targets)
+        def fwd(params, inputs, targets, key):
+            value, grads = step(params, inputs, targets, key)
+            return value, (grads, inputs, targets, key)
 
-    loss.defvjp(fwd, bwd)
+        def bwd(res, ct):
+            grads, *ints = res
+            zero = lambda a: np.zeros(a.shape, jax.dtypes.float0)  # noqa: E731  (integer inputs, the key)
+            return (jax.tree.map(lambda g: (ct * g).astype(g.dtype), grads), *map(zero, ints))
+
+        loss.defvjp(fwd, bwd)
+        return loss
+
+    losses = {d: custom(d) for d in (False, True)}
 
     def loss_fn(params, inputs, targets, key=None):
-        assert key is None, "table schedules have no dropout (jaxpar.parallel.layout refuses model.dropout > 0)"
-        return loss(params, inputs, targets)
+        if key is None or cfg.model.dropout == 0:
+            return losses[False](params, inputs, targets, jnp.zeros((2,), jnp.uint32))
+        return losses[True](params, inputs, targets, key)
 
     return loss_fn
 

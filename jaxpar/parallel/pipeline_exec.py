@@ -56,7 +56,7 @@ from jaxpar.parallel import schedules as sc
 from jaxpar.parallel.fsdp import _gather
 from jaxpar.parallel.layout import ParallelLayout
 from jaxpar.parallel.logical import activation_rules, spec_for
-from jaxpar.parallel.pipeline import _manual_spec, _varying, to_stage_layout
+from jaxpar.parallel.pipeline import _manual_spec, _varying, embed_keep, to_stage_layout
 
 OUTER = ("wte", "wpe", "ln_f")  # the non-block params: embedding on virtual stage 0, ln_f + tied head on the last
 
@@ -92,17 +92,19 @@ def plan_for(schedule: str, S: int, M: int, R: int = 1) -> tuple[np.ndarray, int
     return rows, kx, kg
 
 
-def _reduce(g, spec: P, tensor_spec: P, extra: tuple[str, ...] = ()):
+def _reduce(g, spec: P, tensor_spec: P, extra: tuple[str, ...] = (), scattered: bool = False):
     """Sum a gradient over the data-parallel axes (and `extra`) and keep this device's shard:
     reduce-scatter over each manual axis `spec` names (the transpose of `fsdp._gather`, (.., D, ..)
-    -> (.., D/f, ..)), then one psum over the rest of (data, fsdp, *extra). Runs in a nested
-    shard_map over tensor when `g` is tensor-split, as `_gather` does."""
+    -> (.., D/f, ..)), then one psum over the rest of (data, fsdp, *extra). scattered: `g` is
+    already this device's shard, summed over those axes (pipeline.gather=layer: each layer's
+    gather was transposed inside the loop). Runs in a nested shard_map over tensor when `g` is
+    tensor-split, as `_gather` does."""
     named = {e for e in spec if e is not None}
     rest = tuple(a for a in ("data", "fsdp", *extra) if a not in named)
 
     def reduce(x):
         for dim, axis in enumerate(spec):
-            if axis is not None:
+            if axis is not None and not scattered:
                 x = jax.lax.psum_scatter(x, axis, scatter_dimension=dim, tiled=True)
         return jax.lax.psum(x, rest)
 
@@ -116,14 +118,18 @@ def _add(acc: dict, d: dict) -> dict:
     return {**acc, **{k: jax.tree.map(jnp.add, acc[k], d[k]) for k in d}}
 
 
-def make_schedule_step(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
-    """(params, inputs (B,T), targets (B,T)) -> (mean fp32 loss, grads like params), running
-    cfg.pipeline.schedule's plan."""
+def make_schedule_step(cfg: Config, lay: ParallelLayout, mesh, dropout: bool = False) -> Callable:
+    """(params, inputs (B,T), targets (B,T), key) -> (mean fp32 loss, grads like params), running
+    cfg.pipeline.schedule's plan. dropout: draw model.dropout's masks from `key` (uint32 (2,)),
+    as GPipe draws them: the embedding's per microbatch (`pipeline.embed_keep`), chunk r of
+    microbatch m's layers from fold_in(key_blocks, r·M + m), the same in the forward and in every
+    re-run of the stage."""
     policy, mc, tc = get_policy(cfg.precision), cfg.model, cfg.train
     layout, manual, batch = lay.stages, lay.manual_axes, lay.batch_axes
     S, R, M = layout.n_stages, layout.repeats, cfg.pipeline.microbatches
     rows, KX, KG = plan_for(cfg.pipeline.schedule, S, M, R)
     masked = not layout.uniform
+    per_layer = cfg.pipeline.gather == "layer"  # gather each layer's fsdp shards where it runs
     sizes = dict(mesh.shape)
     n_rows = sizes.get("data", 1) * sizes.get("fsdp", 1)  # data-parallel replicas of the batch
 
@@ -145,23 +151,25 @@ def make_schedule_step(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
     fwd_perm = [(j, (j + 1) % S) for j in range(S if R > 1 else S - 1)]
     bwd_perm = [((j + 1) % S, j) for j in range(S if R > 1 else S - 1)]
 
-    def run_stage(w, ok, h):
-        """One chunk's Lmax layers on one microbatch, (mb, T, D) -> (mb, T, D)."""
+    def run_stage(w, ok, h, keys):
+        """One chunk's Lmax layers on one microbatch, (mb, T, D) -> (mb, T, D); keys (Lmax, 2) or None."""
         def layer(h, xs):
-            lp, v = xs
-            y = nnx.merge(block, lp)(h)
+            lp, v, k = xs
+            if per_layer:  # (..., X/f) -> (..., X) for this layer only; transpose: a reduce-scatter
+                lp = jax.tree.map(lambda a, g: _gather(a, P(*g[0][2:]), P(*g[1][2:])), lp, w_gather)
+            y = nnx.merge(block, lp)(h, k)
             return (jnp.where(v, y, h) if masked else y), None
 
-        return jax.lax.scan(layer, h, (w, ok))[0]
+        return jax.lax.scan(layer, h, (w, ok, keys))[0]
 
-    def body(w, ok, outer, tok, tgt, plan):
+    def body(w, ok, outer, tok, tgt, plan, key):
         # w: (R, 1, Lmax, ...) local (fsdp-split) block weights; outer: wte/wpe/ln_f local shards;
         # tok, tgt: (M, mb, T) int32 this replica's microbatches (the same on every pipe rank);
-        # plan: (N, S, 16) int32, the same on every rank
+        # plan: (N, S, 16) int32, the same on every rank; key: (2,) uint32 (used with dropout)
         s = jax.lax.axis_index("pipe")
-        # gather fsdp once per step; everything varying over the manual axes from here on, so no
-        # collective is implied inside the loop (reductions are written out after it)
-        w = jax.tree.map(lambda a, g: _varying(_gather(a[:, 0], *g), manual), w, w_gather)
+        # gather fsdp once per step (gather=step); everything varying over the manual axes from here
+        # on, so no collective is implied inside the loop (reductions are written out after it)
+        w = jax.tree.map(lambda a, g: _varying(a[:, 0] if per_layer else _gather(a[:, 0], *g), manual), w, w_gather)
         ok = _varying(ok[:, 0], manual)
         outer = {k: jax.tree.map(lambda a, sp, ts: _varying(_gather(a, sp, ts), manual), outer[k], o_specs[k],
                                  o_tensor[k]) for k in OUTER}
@@ -178,8 +186,18 @@ def make_schedule_step(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
         def store(buf, x, i):  # an arrival into slot i; i = -1: nothing arrived
             return write(buf, jnp.where(i >= 0, x, read(buf, jnp.maximum(i, 0))), jnp.maximum(i, 0))
 
-        def embed(o, x_tok):  # (mb, T) -> (mb, T, D)
-            return gpt2.GPT2(mc, {**o, "h": None}, policy=policy).embed(x_tok)
+        k_embed, k_blocks = jax.random.split(key)  # as GPipe splits its key
+
+        def stage_keys(m, r):  # (Lmax, 2) layer keys of chunk r on microbatch m, or None
+            return jax.random.split(jax.random.fold_in(k_blocks, r * M + m), layout.lmax) if dropout else None
+
+        def embed(o, x_tok, m):  # (mb, T) -> (mb, T, D); with dropout this replica's rows of GPipe's mask
+            keep = None
+            if dropout:
+                j = jax.lax.axis_index(("data", "fsdp"))  # this replica's row block of the microbatch
+                keep = embed_keep(k_embed, m, mb * n_rows, T, D, mc.dropout)
+                keep = jax.lax.dynamic_slice_in_dim(keep, j * mb, mb, 0)
+            return gpt2.GPT2(mc, {**o, "h": None}, policy=policy).embed(x_tok, keep=keep)
 
         def head_loss(o, y, y_tgt):  # (mb, T, D) -> mean fp32 loss of the microbatch
             return gpt2.GPT2(mc, {**outer, **o, "h": None}, policy=policy,
@@ -197,8 +215,8 @@ def make_schedule_step(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
             def forward(xbuf):
                 m, r, i = c[F_M], c[F_R], c[F_X]
                 first, last = (r == 0) & (s == 0), (r == R - 1) & (s == S - 1)
-                x = jax.lax.cond(first, lambda: embed(outer, tok[m]), lambda: read(xbuf, i))
-                y = jax.lax.cond(last, act, lambda: run_stage(chunk(w, r), ok[r], x))
+                x = jax.lax.cond(first, lambda: embed(outer, tok[m], m), lambda: read(xbuf, i))
+                y = jax.lax.cond(last, act, lambda: run_stage(chunk(w, r), ok[r], x, stage_keys(m, r)))
                 return write(xbuf, x, i), y
 
             xbuf, y = jax.lax.cond(c[F_ON] > 0, forward, lambda xbuf: (xbuf, act()), xbuf)
@@ -207,10 +225,10 @@ def make_schedule_step(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
             def backward(fused, gw, go, loss, gbuf):
                 m, r, i, j = c[B_M], c[B_R], c[B_X], c[B_G]
                 first, last = (r == 0) & (s == 0), (r == R - 1) & (s == S - 1)
-                x, wr = read(xbuf, i), chunk(w, r)
+                x, wr, ks = read(xbuf, i), chunk(w, r), stage_keys(m, r)
 
                 def head(go, loss, gbuf):  # last virtual stage: loss and its head's vjp, the seed
-                    y = run_stage(wr, ok[r], x)
+                    y = run_stage(wr, ok[r], x, ks)
                     l_m, vjp = jax.vjp(lambda o, y: head_loss(o, y, tgt[m]), {k: outer[k] for k in ("wte", "ln_f")}, y)
                     d_o, dy = vjp(seed)
                     return _add(go, d_o), loss + l_m, write(gbuf, dy.astype(gbuf.dtype), j)
@@ -218,15 +236,15 @@ def make_schedule_step(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
                 go, loss, gbuf = jax.lax.cond(last, head, lambda *a: a, go, loss, gbuf)
                 g = read(gbuf, j)
                 if fused:
-                    _, vjp = jax.vjp(lambda wr, x: run_stage(wr, ok[r], x), wr, x)
+                    _, vjp = jax.vjp(lambda wr, x: run_stage(wr, ok[r], x, ks), wr, x)
                     dw, dx = vjp(g)
                     gw = add_chunk(gw, dw, r)
                 else:
-                    _, vjp = jax.vjp(lambda x: run_stage(wr, ok[r], x), x)
+                    _, vjp = jax.vjp(lambda x: run_stage(wr, ok[r], x, ks), x)
                     (dx,) = vjp(g)
 
                 def embed_grad(go):  # virtual stage 0: dx through the lookup into wte / wpe
-                    _, vjp_e = jax.vjp(lambda o: embed({**outer, **o}, tok[m]), {k: outer[k] for k in ("wte", "wpe")})
+                    _, vjp_e = jax.vjp(lambda o: embed({**outer, **o}, tok[m], m), {k: outer[k] for k in ("wte", "wpe")})
                     (d_o,) = vjp_e(dx)
                     return _add(go, d_o)
 
@@ -240,7 +258,8 @@ def make_schedule_step(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
             # ---- W lane: the weight gradient from the saved input and output gradient
             def weights(gw):
                 r = c[W_R]
-                _, vjp = jax.vjp(lambda wr: run_stage(wr, ok[r], read(xbuf, c[W_X])), chunk(w, r))
+                ks = stage_keys(c[W_M], r)
+                _, vjp = jax.vjp(lambda wr: run_stage(wr, ok[r], read(xbuf, c[W_X]), ks), chunk(w, r))
                 (dw,) = vjp(read(gbuf, c[W_G]))
                 return add_chunk(gw, dw, r)
 
@@ -258,7 +277,7 @@ def make_schedule_step(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
         with activation_rules(jax.sharding.get_abstract_mesh(), lay.pipeline_rules):
             (_, _, _, _, gw, go, loss), _ = jax.lax.scan(tick, carry, plan)
         # ---- the reductions, once per step, fp32
-        gw = jax.tree.map(lambda g, gs: _reduce(g, *gs)[:, None], gw, w_gather)
+        gw = jax.tree.map(lambda g, gs: _reduce(g, *gs, scattered=per_layer)[:, None], gw, w_gather)
         # the first stage's lookup and the last stage's head grads of the tied wte meet in this one reduction
         go = {k: jax.tree.map(lambda g, sp, ts: _reduce(g, sp, ts, ("pipe",)), go[k], o_specs[k], o_tensor[k])
               for k in OUTER}
@@ -267,16 +286,17 @@ def make_schedule_step(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
 
     tok_spec = P(None, batch)
     f = jax.shard_map(body, mesh=mesh,
-                      in_specs=(w_specs, P(None, "pipe"), {k: o_specs[k] for k in OUTER}, tok_spec, tok_spec, P()),
+                      in_specs=(w_specs, P(None, "pipe"), {k: o_specs[k] for k in OUTER}, tok_spec, tok_spec, P(), P()),
                       out_specs=(P(), w_specs, {k: o_specs[k] for k in OUTER}), axis_names=frozenset(manual))
 
-    def step(params, inputs, targets):
+    def step(params, inputs, targets, key):
         B, T = inputs.shape
         # (B, T) -> (M, B/M, T) taking every M-th row, as the GPipe schedule splits microbatches
         split = lambda a: jax.lax.with_sharding_constraint(  # noqa: E731
             a.reshape(B // M, M, T).swapaxes(0, 1), NamedSharding(mesh, P(None, batch)))
         w, back = jax.vjp(lambda h: to_stage_layout(h, layout), params["h"])
-        loss, gw, go = f(w, valid, {k: params[k] for k in OUTER}, split(inputs), split(targets), jnp.asarray(rows))
+        loss, gw, go = f(w, valid, {k: params[k] for k in OUTER}, split(inputs), split(targets), jnp.asarray(rows),
+                         key)
         (gh,) = back(gw)  # stage layout -> the stored (L, ...) layout (pads of non-uniform stages drop out)
         return loss, {**go, "h": gh}
 

@@ -89,9 +89,6 @@ def _cfg(**pipe_kw):
 
 
 @pytest.mark.parametrize("kw,msg", [
-    (dict(dropout=0.1), "pipeline.schedule=1f1b does not support model.dropout=0.1 (use 0, or schedule=gpipe)"),
-    (dict(gather="layer"), "pipeline.schedule=1f1b does not support pipeline.gather='layer' "
-                           "(use gather=step, or schedule=gpipe)"),
     (dict(repeats=2), "pipeline.repeats=2 needs pipeline.schedule=circular or interleaved (got '1f1b')"),
     (dict(schedule="zb", repeats=2), "pipeline.repeats=2 needs pipeline.schedule=circular or interleaved (got 'zb')"),
     (dict(schedule="interleaved", repeats=2, microbatches=3),
@@ -102,6 +99,14 @@ def test_unsupported_settings_are_one_line_errors(kw, msg):
     with pytest.raises(ConfigError) as e:
         build_layout(_cfg(**kw), 2)
     assert str(e.value) == msg
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb", "interleaved"])
+def test_dropout_and_per_layer_gather_are_accepted(schedule):
+    """Table schedules draw GPipe's dropout masks and gather per layer (pipeline_exec); the
+    gradients are checked in test_properties_schedules.py."""
+    lay = build_layout(_cfg(schedule=schedule, dropout=0.1, gather="layer", microbatches=2), 2)
+    assert lay.loss_path == schedule and lay.cfg.model.dropout == 0.1 and lay.cfg.pipeline.gather == "layer"
 
 
 # ----------------------------------------------------------------------------- subprocess workers
@@ -267,10 +272,12 @@ CLI = ["train", "model=gpt2-tiny", "model.n_layer=4", "mesh.pipe=2", "pipeline.m
 def test_cli_unsupported_setting_exits_2_with_one_line(tmp_path):
     from support.cli_helpers import run
 
-    r = run([*CLI, "pipeline.schedule=1f1b", "model.dropout=0.1", f"out={tmp_path / 'x'}"])
+    r = run([*CLI, "pipeline.schedule=interleaved", "pipeline.repeats=2", "pipeline.microbatches=1",
+             f"out={tmp_path / 'x'}"])
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.strip().splitlines() == [
-        "error: pipeline.schedule=1f1b does not support model.dropout=0.1 (use 0, or schedule=gpipe)"]
+        "error: pipeline.schedule=interleaved needs pipeline.microbatches=1 divisible by mesh.pipe=2 "
+        "(Megatron's order runs microbatches in groups of mesh.pipe)"]
     assert not (tmp_path / "x").exists()
 
 
