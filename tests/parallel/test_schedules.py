@@ -81,7 +81,11 @@ def test_interleaved_tables(S, R):
         assert len(tab) == 3 * (R * M + S - 1) and list(sc.idle_ticks(tab)) == [3 * (S - 1)] * S
         assert sc.bubble(tab) == pytest.approx(bubble_fraction(S, M, R, "interleaved"), abs=1e-15)
         stash[M] = sc.peak_stash(tab)
-        assert sc.peak_live(sc.plan_intervals(sc.lockstep(tab))[0]) == stash[M]  # packed: the same stash
+        plan = sc.lockstep(tab)
+        assert sc.peak_live(sc.plan_intervals(plan)[0]) == stash[M]  # packed: the same stash
+        # in lock step a tick costs the slowest rank's lanes: RM + (R+1)S - 2 chunk ticks, i.e.
+        # M + (1 + 1/R)S - 2/R stage ticks against 1f1b's M + 2S - 2
+        assert len(plan) == R * M + (R + 1) * S - 2
     # bounded independently of M: rank 0's warm-up 2(S-1) + (R-1)S forwards and one more, for
     # every M >= 2S (fewer microbatches hold fewer)
     assert {v for M, v in stash.items() if M >= 2 * S} == {(R + 1) * S - 1}, stash
