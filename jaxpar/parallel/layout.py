@@ -26,6 +26,7 @@ import numpy as np
 from jaxpar.config import Config, ConfigError, MeshConfig, ModelConfig, Remat, check_mesh_sizes
 from jaxpar.parallel.groups import GROUPS, group_of
 from jaxpar.parallel.partition import partition_layers, stage_bounds, validate_layers_per_stage
+from jaxpar.parallel.schedules import TABLE_SCHEDULES, schedule_problem  # numpy only: tables, one executor
 
 Rules = dict[str, Any]  # logical name -> mesh axis, tuple of axes, or None
 
@@ -218,10 +219,6 @@ def bubble_fraction(S: int, M: int, R: int = 1, schedule: str = "gpipe") -> floa
     return 1.0 - R * M / n_iterations(S, M, R)
 
 
-# the schedules run from a table by one executor (jaxpar.parallel.schedules, pipeline_exec)
-TABLE_SCHEDULES = ("1f1b", "zb", "interleaved")
-
-
 def one_f_one_b_problem(cfg: Config) -> str | None:
     """The line the planner refuses pipeline.schedule=1f1b with model.dropout > 0 by (its cost
     model, jaxpar.planner, covers 1f1b without dropout only), or None. `jaxpar train` runs every
@@ -243,9 +240,8 @@ def pipeline_stages(cfg: Config) -> tuple[tuple[int, ...], tuple[str, ...]]:
         raise ConfigError(f"pipeline.microbatches={M} must be >= 1")
     if R > 1 and pc.schedule not in ("circular", "interleaved"):
         raise ConfigError(f"pipeline.repeats={R} needs pipeline.schedule=circular or interleaved (got {pc.schedule!r})")
-    if pc.schedule == "interleaved" and M % S:
-        raise ConfigError(f"pipeline.schedule=interleaved needs pipeline.microbatches={M} divisible by mesh.pipe={S} "
-                          "(Megatron's order runs microbatches in groups of mesh.pipe)")
+    if pc.schedule in TABLE_SCHEDULES and (why := schedule_problem(pc.schedule, S, M, R)):
+        raise ConfigError(why)
     if why := stages_problem(S, L):
         raise ConfigError(why)
     if R * S > L:

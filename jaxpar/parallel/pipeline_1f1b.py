@@ -75,6 +75,3 @@ def make_schedule_loss_fn(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
         return losses[True](params, inputs, targets, key)
 
     return loss_fn
-
-
-make_1f1b_loss_fn = make_schedule_loss_fn

@@ -29,7 +29,8 @@ interval colouring of the plan (`schedules.assign_slots`), so their number is th
 1f1b and zb min(M, 2S-1) inputs, zb also min(M, S) gradients, interleaved (R+1)S - 1 chunk
 inputs (M >= 2S), all independent of M. A tick's residuals are one stage's on one microbatch
 (the vjps re-run it). Gradients accumulate in fp32 in the carry: the rank's R chunks of block
-weights (fsdp gathered once before the scan) and wte / wpe / ln_f. Token ids go in, the loss
+weights (fsdp gathered once before the scan; with pipeline.gather=layer each layer is gathered
+where it runs and its gradient reduce-scattered there) and wte / wpe / ln_f. Token ids go in, the loss
 comes out: no (B, T, D) embedded batch or (B, T, V) logits exist.
 
 Time. The tables' bubbles (`jaxpar.parallel.layout.bubble_fraction`) count each rank's own idle
@@ -39,8 +40,7 @@ the steady ticks, (M+S-1)·(F+B) in all, its table's bubble. zb packs into the s
 ticks, with some rank running B and W in most of them; and B and W each re-run the stage from its
 saved input (no residuals are kept between them), one stage forward per microbatch more than
 BW. So in lock step zb is no faster than 1f1b (about a quarter more stage compute); its split
-pays off where ranks run asynchronously.
-interleaved packs into R·M + (R+1)S - 2 ticks of 1/R stage: M + (1 + 1/R)S - 2/R stage ticks,
+pays off where ranks run asynchronously. interleaved packs into R·M + (R+1)S - 2 ticks of 1/R stage: M + (1 + 1/R)S - 2/R stage ticks,
 (S-2)(1 - 1/R) fewer than 1f1b.
 
 Gradients leave the scan once: block grads reduce-scattered over fsdp (`psum_scatter`, the

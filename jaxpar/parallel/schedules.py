@@ -30,14 +30,12 @@ Schedules (S ranks, M microbatches, R chunks per rank):
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 IDLE, F, B, W, BW, HOLD = 0, 1, 2, 3, 4, 5
 KIND_NAMES = {IDLE: ".", F: "F", B: "B", W: "W", BW: "BW", HOLD: "bw"}
 COST = {F: 1, B: 1, W: 1, BW: 2}
-TABLE_SCHEDULES = ("1f1b", "interleaved", "zb")
+TABLE_SCHEDULES = ("1f1b", "zb", "interleaved")  # pipeline.schedule values run from a table
 
 
 def _orders_1f1b(S: int, M: int, R: int):
@@ -139,14 +137,15 @@ def simulate(S: int, R: int, orders) -> np.ndarray:
 
 
 def schedule_problem(schedule: str, S: int, M: int, R: int) -> str | None:
-    """Why `schedule` has no table for (S, M, R), or None (the executor's one statement)."""
+    """Why `schedule` has no table for (S, M, R), or None: the one statement, which
+    `jaxpar.parallel.layout.build_layout` raises as a ConfigError."""
     if schedule not in TABLE_SCHEDULES:
         return f"pipeline.schedule={schedule!r} has no schedule table"
     if schedule != "interleaved" and R != 1:
         return f"pipeline.repeats={R} needs pipeline.schedule=interleaved or circular (got {schedule!r})"
     if schedule == "interleaved" and M % S:
         return (f"pipeline.schedule=interleaved needs pipeline.microbatches={M} divisible by mesh.pipe={S} "
-                "(Megatron's order runs microbatches in groups of S)")
+                "(Megatron's order runs microbatches in groups of mesh.pipe)")
     return None
 
 
@@ -323,16 +322,3 @@ def render(table: np.ndarray) -> str:
     S = table.shape[1]
     return "\n".join(" ".join(f"{KIND_NAMES[k]}{m if k != IDLE else ''}".ljust(4) for k, m, _ in table[:, s])
                      for s in range(S))
-
-
-@dataclasses.dataclass(frozen=True)
-class TableSummary:
-    ticks: int
-    busy: tuple[int, ...]
-    idle: tuple[int, ...]
-    peak_stash: int
-
-
-def summarize(table: np.ndarray) -> TableSummary:
-    return TableSummary(len(table), tuple(int(x) for x in busy_ticks(table)),
-                        tuple(int(x) for x in idle_ticks(table)), peak_stash(table))

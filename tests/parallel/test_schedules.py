@@ -95,7 +95,7 @@ def test_interleaved_tables(S, R):
 def test_problems_are_one_line():
     assert sc.schedule_problem("interleaved", 4, 6, 2) == (
         "pipeline.schedule=interleaved needs pipeline.microbatches=6 divisible by mesh.pipe=4 "
-        "(Megatron's order runs microbatches in groups of S)")
+        "(Megatron's order runs microbatches in groups of mesh.pipe)")
     assert sc.schedule_problem("zb", 4, 8, 2) == (
         "pipeline.repeats=2 needs pipeline.schedule=interleaved or circular (got 'zb')")
     with pytest.raises(ValueError):
