@@ -33,8 +33,9 @@ class MeshConfig:
 @dataclass(frozen=True)
 class PipelineConfig:
     microbatches: int = setting(1, "microbatches per step through the pipeline (mesh.pipe > 1)")
-    schedule: str = setting("gpipe", "pipeline schedule: gpipe | circular | 1f1b")
-    repeats: int = setting(1, "layer chunks per device for the circular schedule")
+    schedule: str = setting("gpipe", "pipeline schedule: gpipe | circular | 1f1b | zb (zero-bubble H1) | "
+                                                "interleaved (Megatron, repeats chunks per device)")
+    repeats: int = setting(1, "layer chunks per device for the circular and interleaved schedules")
     layers_per_stage: tuple[int, ...] | None = setting(None, "manual stage partition, e.g. 5,7 (none: even split)")
     # step keeps the gathered stage for the loop; layer gathers each layer every iteration
     gather: str = setting("step", "when fsdp-sharded block weights are gathered: step (less traffic) | layer "
@@ -124,7 +125,7 @@ class Config:
 
 PRECISIONS = ("bf16", "fp32")
 ATTENTIONS = ("auto", "xla", "cudnn")
-SCHEDULES = ("gpipe", "circular", "1f1b")
+SCHEDULES = ("gpipe", "circular", "1f1b", "zb", "interleaved")
 GATHERS = ("step", "layer")  # pipeline.gather
 
 

@@ -152,14 +152,15 @@ def _gpipe_loss(cfg: Config, mesh, lay: ParallelLayout) -> Callable:
 
 
 def _one_f_one_b_loss(cfg: Config, mesh, lay: ParallelLayout) -> Callable:
-    from jaxpar.parallel.pipeline_1f1b import make_1f1b_loss_fn
+    from jaxpar.parallel.pipeline_1f1b import make_schedule_loss_fn
 
-    return make_1f1b_loss_fn(cfg, lay, mesh)
+    return make_schedule_loss_fn(cfg, lay, mesh)
 
 
 # layout.loss_path -> builder (cfg, mesh, layout) -> loss: the one place a parallel program is picked
 LOSS_PATHS: dict[str, Callable] = {"auto": _auto_loss, "tied": _auto_loss, "zero3": _zero3_loss,
-                                   "gpipe": _gpipe_loss, "1f1b": _one_f_one_b_loss}
+                                   "gpipe": _gpipe_loss, "1f1b": _one_f_one_b_loss,
+                                   "zb": _one_f_one_b_loss, "interleaved": _one_f_one_b_loss}
 
 
 def make_loss_fn(layout: ParallelLayout, mesh) -> Callable:

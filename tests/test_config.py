@@ -45,7 +45,7 @@ def test_to_from_dict_round_trip():
 @pytest.mark.parametrize("args,msg", [
     (["mesh.data=-1", "mesh.fsdp=-1"], "at most one mesh axis may be -1 (got {'data': -1, 'fsdp': -1, 'tensor': 1, 'pipe': 1})"),
     (["mesh.tensor=0"], "mesh sizes must be positive or -1 (got {'tensor': 0})"),
-    (["pipeline.schedule=pipedream"], "pipeline.schedule='pipedream' must be one of gpipe, circular, 1f1b"),
+    (["pipeline.schedule=pipedream"], "pipeline.schedule='pipedream' must be one of gpipe, circular, 1f1b, zb, interleaved"),
     (["pipeline.gather=stage"], "pipeline.gather='stage' must be one of step, layer"),
     (["model.vocab_size=70000"], "model.vocab_size=70000 does not fit uint16 token files (max 65536)"),
 ])

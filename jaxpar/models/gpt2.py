@@ -321,9 +321,12 @@ class GPT2(nnx.Module):
                        mlp_chunks=mlp_chunks)
         self.ln_f = LayerNorm(_sub(params, "ln_f"), cfg.n_embd, cfg.layer_norm_epsilon)
 
-    def embed(self, tokens, key=None):  # (B, T) int32 -> (B, T, D) compute dtype
+    def embed(self, tokens, key=None, keep=None):  # (B, T) int32 -> (B, T, D) compute dtype
+        # keep: a (B, T, D) bool dropout mask drawn by the caller instead of from `key`
         T = tokens.shape[1]
         x = _tap(self, "wte_out", self.wte.weight[...][tokens]) + _tap(self, "wpe_out", self.wpe.weight[...][:T][None])
+        if keep is not None:
+            x = jnp.where(keep, x / (1.0 - self.cfg.dropout), jnp.zeros_like(x))
         x = _dropout(x, self.cfg.dropout, key)
         return constrain(_tap(self, "drop_out", self.policy.cast(x)), ("batch", "resid_seq", "embed"))
 

@@ -26,6 +26,7 @@ import numpy as np
 from jaxpar.config import Config, ConfigError, MeshConfig, ModelConfig, Remat, check_mesh_sizes
 from jaxpar.parallel.groups import GROUPS, group_of
 from jaxpar.parallel.partition import partition_layers, stage_bounds, validate_layers_per_stage
+from jaxpar.parallel.schedules import TABLE_SCHEDULES, schedule_problem  # numpy only: tables, one executor
 
 Rules = dict[str, Any]  # logical name -> mesh axis, tuple of axes, or None
 
@@ -219,12 +220,12 @@ def bubble_fraction(S: int, M: int, R: int = 1, schedule: str = "gpipe") -> floa
 
 
 def one_f_one_b_problem(cfg: Config) -> str | None:
-    """What pipeline.schedule=1f1b (jaxpar.parallel.pipeline_1f1b) does not support, or None."""
+    """The line the planner refuses pipeline.schedule=1f1b with model.dropout > 0 by (its cost
+    model, jaxpar.planner, covers 1f1b without dropout only), or None. `jaxpar train` runs every
+    table schedule with dropout and with either pipeline.gather (jaxpar.parallel.pipeline_exec)."""
     if cfg.model.dropout > 0:
-        return f"pipeline.schedule=1f1b does not support model.dropout={cfg.model.dropout} (use 0, or schedule=gpipe)"
-    if cfg.pipeline.gather != "step":
-        return (f"pipeline.schedule=1f1b does not support pipeline.gather={cfg.pipeline.gather!r} "
-                "(use gather=step, or schedule=gpipe)")
+        return (f"pipeline.schedule={cfg.pipeline.schedule} does not support model.dropout={cfg.model.dropout} "
+                "(use 0, or schedule=gpipe)")
     return None
 
 
@@ -237,9 +238,9 @@ def pipeline_stages(cfg: Config) -> tuple[tuple[int, ...], tuple[str, ...]]:
         raise ConfigError(f"pipeline.repeats={R} must be >= 1")
     if M < 1:
         raise ConfigError(f"pipeline.microbatches={M} must be >= 1")
-    if R > 1 and pc.schedule != "circular":
-        raise ConfigError(f"pipeline.repeats={R} needs pipeline.schedule=circular (got {pc.schedule!r})")
-    if pc.schedule == "1f1b" and (why := one_f_one_b_problem(cfg)):
+    if R > 1 and pc.schedule not in ("circular", "interleaved"):
+        raise ConfigError(f"pipeline.repeats={R} needs pipeline.schedule=circular or interleaved (got {pc.schedule!r})")
+    if pc.schedule in TABLE_SCHEDULES and (why := schedule_problem(pc.schedule, S, M, R)):
         raise ConfigError(why)
     if why := stages_problem(S, L):
         raise ConfigError(why)
@@ -259,7 +260,7 @@ def pipeline_stages(cfg: Config) -> tuple[tuple[int, ...], tuple[str, ...]]:
     warnings = ()
     if M < S:
         warnings = (f"warning: pipeline.microbatches={M} < mesh.pipe={S} stages: the pipeline bubble "
-                    f"({bubble_fraction(S, M, R):.0%} of stage time idle) will dominate",)
+                    f"({bubble_fraction(S, M, R, pc.schedule):.0%} of stage time idle) will dominate",)
     return lps, warnings
 
 
@@ -274,7 +275,9 @@ LOSS_PATHS = (
     "tied",   # data parallel: the tied wte gradient summed per data group first (jaxpar.parallel.tied)
     "zero3",  # ZeRO-3 in a shard_map with explicit gathers / reduce-scatters (jaxpar.parallel.fsdp)
     "gpipe",  # blocks pipelined over `pipe`, GPipe or circular schedule (jaxpar.parallel.pipeline)
-    "1f1b",   # blocks pipelined over `pipe`, one-forward-one-backward (jaxpar.parallel.pipeline_1f1b)
+    "1f1b",   # blocks pipelined over `pipe`, one-forward-one-backward (jaxpar.parallel.pipeline_exec)
+    "zb",     # the same executor running ZB-H1's table (backward split into B and W)
+    "interleaved",  # the same executor running Megatron's interleaved table (repeats chunks per device)
 )
 
 
@@ -295,7 +298,7 @@ def tied_groups(mc: MeshConfig) -> int:
 def choose_loss_path(cfg: Config, mc: MeshConfig) -> str:
     """The parallel program for this config on the resolved mesh `mc` (one of LOSS_PATHS)."""
     if mc.pipe > 1:
-        return "1f1b" if cfg.pipeline.schedule == "1f1b" else "gpipe"
+        return cfg.pipeline.schedule if cfg.pipeline.schedule in TABLE_SCHEDULES else "gpipe"
     if zero3_applies(cfg, mc.fsdp, mc.pipe):
         return "zero3"
     return "tied" if tied_groups(mc) > 1 else "auto"

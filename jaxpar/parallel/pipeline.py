@@ -58,12 +58,14 @@ rows 23-25). Tensor parallelism stays automatic inside the stage: the model's
 Remat: the stage computation of each iteration is `jax.checkpoint`-ed, so the scan saves only
 the (mb, T, D) stage input per iteration and recomputes the stage in the backward pass.
 
-1F1B: `pipeline.schedule=1f1b` is `jaxpar.parallel.pipeline_1f1b`. Autodiff of this forward
-scan puts every forward before every backward, but one SPMD program can still run 1F1B when the
-backward is written by hand inside the scan (a `jax.custom_vjp` loss whose forward runs the
-whole step): stage s forwards microbatch t-s and backwards t-(2S-2-s) at tick t, holding at
-most min(M, 2S-1) stage inputs instead of M+S-1, with the embedding and head per microbatch on
-the first / last stage. Eval and sampling (forward only) use this module's GPipe forward.
+1F1B, ZB-H1 and Megatron's interleaved order (`pipeline.schedule=1f1b | zb | interleaved`) run
+from tables (`jaxpar.parallel.schedules`) by one executor, `jaxpar.parallel.pipeline_exec`.
+Autodiff of this forward scan puts every forward before every backward, but one SPMD program can
+still interleave them when the backward is written by hand inside the scan (a `jax.custom_vjp`
+loss whose forward runs the whole step): 1f1b's stage s forwards microbatch t-s and backwards
+t-(2S-2-s) at tick t, holding at most min(M, 2S-1) stage inputs instead of M+S-1, with the
+embedding and head per microbatch on the first / last stage. Eval and sampling (forward only)
+use this module's GPipe forward (with R chunks: the circular forward, the same virtual stages).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ from jax.sharding import PartitionSpec as P
 from jaxpar.config import Config, ModelConfig
 from jaxpar.models import gpt2
 from jaxpar.models.precision import Policy, get_policy
-from jaxpar.parallel.layout import ParallelLayout, StageLayout, bubble_fraction, n_iterations, n_ticks
+from jaxpar.parallel.layout import TABLE_SCHEDULES, ParallelLayout, StageLayout, bubble_fraction, n_iterations
 from jaxpar.parallel.logical import activation_rules, spec_for
 
 # ----------------------------------------------------------------------------- schedule arithmetic
@@ -269,6 +271,13 @@ def pipeline_blocks(mc: ModelConfig, policy: Policy, mesh, lay: ParallelLayout, 
 # ----------------------------------------------------------------------------- loss and logits
 
 
+def embed_keep(key, m, rows: int, T: int, D: int, rate: float):
+    """The embedding's dropout mask of microbatch m, (rows, T, D) bool, rows = B/M: drawn per
+    microbatch so a table schedule (jaxpar.parallel.pipeline_exec), which embeds one microbatch at
+    a time, draws GPipe's mask."""
+    return jax.random.bernoulli(jax.random.fold_in(key, m), 1.0 - rate, (rows, T, D))
+
+
 def _pipeline_model(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
     """run(params, inputs (B,T), key|None, remat) -> (GPT2 model, (B,T,D) block outputs):
     embedding, then the blocks pipelined over `pipe`. Callers apply the head (loss for
@@ -282,6 +291,10 @@ def _pipeline_model(cfg: Config, lay: ParallelLayout, mesh) -> Callable:
         if key is not None:
             k_embed, k_blocks = jax.random.split(key)
         model = nnx.merge(graphdef, params)
+        if x is None and k_embed is not None and mc.dropout > 0:  # one mask per microbatch (embed_keep)
+            B, T = inputs.shape
+            keep = jax.vmap(lambda m: embed_keep(k_embed, m, B // M, T, mc.n_embd, mc.dropout))(jnp.arange(M))
+            x = model.embed(inputs, keep=keep.swapaxes(0, 1).reshape(B, T, mc.n_embd))  # microbatch m: rows i·M + m
         x = model.embed(inputs, k_embed) if x is None else x
         w = to_stage_layout(params["h"], lay.stages)
         y = pipeline_blocks(mc, policy, mesh, lay, w, x, M, k_blocks, remat=remat, mlp_chunks=cfg.train.mlp_chunks,
@@ -351,8 +364,12 @@ def describe(cfg: Config, lay: ParallelLayout) -> dict[str, Any]:
     """Summary used by the CLI / example: stages, iterations, theoretical bubble."""
 
     pc, S = cfg.pipeline, lay.mesh.pipe
-    # 1f1b's skipped fill/drain halves leave GPipe's bubble (pipeline_1f1b.py)
-    iters = n_ticks(S, pc.microbatches) if pc.schedule == "1f1b" else n_iterations(S, pc.microbatches, pc.repeats)
+    if pc.schedule in TABLE_SCHEDULES:  # the packed plan's ticks (jaxpar.parallel.pipeline_exec)
+        from jaxpar.parallel.schedules import lockstep, make_table
+
+        iters = len(lockstep(make_table(pc.schedule, S, pc.microbatches, pc.repeats)))
+    else:
+        iters = n_iterations(S, pc.microbatches, pc.repeats)
     return {"stages": S, "schedule": pc.schedule, "repeats": pc.repeats, "microbatches": pc.microbatches,
             "layers_per_stage": list(lay.stages.layers_per_stage), "iterations": iters,
-            "bubble_theory": bubble_theory(S, pc.microbatches, pc.repeats)}
+            "bubble_theory": bubble_theory(S, pc.microbatches, pc.repeats, pc.schedule)}

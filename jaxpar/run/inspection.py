@@ -264,8 +264,9 @@ def theory_bytes(cfg) -> dict[str, float]:
           2·N · b·s·h · bytes(activation). Plus the loop's ends: the embedded (B/(d·f), s, h)
           rows are all-gathered over pipe for stage 0 and stage S-1's outputs all-reduced back
           (fp32), each transposed in backward: 2 · (1 + 2)(S-1)/S · B/(d·f)·s·h · 4.
-          1F1B (jaxpar.parallel.pipeline_1f1b): N = M + 2S - 2 ticks, each one (b, s, h)
-          permute forward and one back; token ids go in, so no ends term.
+          1F1B, zb, interleaved (jaxpar.parallel.pipeline_exec): N = the packed plan's ticks
+          (M + 2S - 2 for 1f1b and zb), each one (b, s, h) permute forward and one back; token
+          ids go in, so no ends term.
     """
     from jaxpar.config import MeshConfig
     from jaxpar.parallel.sharding import local_shard_elements
@@ -288,12 +289,16 @@ def theory_bytes(cfg) -> dict[str, float]:
            "tp": 2.0 * ring(t) * (4 * m.n_layer + 2) * unit * act * micro,
            "pipe": 0.0}
     if S > 1:
+        from jaxpar.parallel.layout import TABLE_SCHEDULES
         from jaxpar.parallel.pipeline import n_iterations
 
         N = n_iterations(S, cfg.pipeline.microbatches, cfg.pipeline.repeats)
         ends = 2.0 * 3.0 * ring(S) * rows * tc.seq_len * m.n_embd * 4
-        if cfg.pipeline.schedule == "1f1b":  # M+2S-2 ticks, one permute each way; no embedded rows moved
-            N, ends = cfg.pipeline.microbatches + 2 * S - 2, 0.0
+        if cfg.pipeline.schedule in TABLE_SCHEDULES:  # the plan's ticks, one permute each way; no embedded rows
+            from jaxpar.parallel.schedules import lockstep, make_table
+
+            N = len(lockstep(make_table(cfg.pipeline.schedule, S, cfg.pipeline.microbatches, cfg.pipeline.repeats)))
+            ends = 0.0
         out["pipe"] = (2.0 * N * unit * act + ends) * tc.grad_accum
     out["total"] = out["dp"] + out["fsdp"] + out["tp"] + out["pipe"]
     return out

@@ -164,6 +164,7 @@ def test_inspect_prints_the_layouts_warnings_on_stderr(monkeypatch, capsys):
     (2, "gpipe", 3, True),  # N = M + S - 1; the ends move the rows of one microstep, A times
     (1, "1f1b", 4, False),  # N = M + 2S - 2 ticks, token ids go in: no ends
     (2, "1f1b", 4, False),
+    (1, "zb", 4, False),  # ZB-H1 packs into as many ticks as 1f1b
 ])
 def test_theory_pipeline_terms_per_microstep(accum, schedule, ticks, ends):
     """The pipeline theory with train.grad_accum=A and each schedule, closed forms for gpt2-tiny

@@ -217,7 +217,7 @@ def _cfg(n_layer=4, pipe=2, batch=8, data=1, **pipe_kw):
     (dict(microbatches=8, data=2, batch=8), "pipeline.microbatches=8 does not divide the per-replica batch 4 "
                                             "(train.batch_size=8 / mesh.data×mesh.fsdp=2 / train.grad_accum=1)"),
     (dict(schedule="circular", repeats=3), "pipeline.repeats×mesh.pipe=3×2=6 exceeds model.n_layer=4 layers"),
-    (dict(repeats=2), "pipeline.repeats=2 needs pipeline.schedule=circular (got 'gpipe')"),
+    (dict(repeats=2), "pipeline.repeats=2 needs pipeline.schedule=circular or interleaved (got 'gpipe')"),
     (dict(schedule="circular", repeats=2, layers_per_stage=(2, 2)),
      "pipeline.layers_per_stage=[2, 2] has 2 entries, not mesh.pipe×pipeline.repeats=4"),
 ])
