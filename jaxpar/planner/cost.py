@@ -161,6 +161,9 @@ class Strategy:
                 raise ValueError(f"schedule {self.schedule} runs {'one repeat' if one else 'R >= 2 chunks'} and "
                                  f"gathers a stage's weights once per step, got repeats={self.repeats}, "
                                  f"gather={self.gather!r}")
+            if self.schedule == "interleaved" and self.microbatches % self.pipe:  # Megatron's groups of S
+                raise ValueError(f"schedule interleaved needs microbatches={self.microbatches} divisible by "
+                                 f"pipe={self.pipe}")
         elif self.schedule in ("gpipe", "circular"):
             object.__setattr__(self, "schedule", "circular" if self.repeats > 1 else "gpipe")
         else:

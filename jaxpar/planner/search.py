@@ -244,7 +244,9 @@ def _schedules(w: Workload, p: int, space: SearchSpace, fixed: Fixed = Fixed()) 
     out = [(1, "gpipe")]
     bounded = space.one_f_one_b and space.engine != "megatron"  # Megatron's engine (a what-if) is 1F1B already
     if bounded:
-        out += [(1, "1f1b")] + [(1, "zb")] * ("zb" in space.new_schedules)
+        # zb only when asked for: in jaxpar's lock-step scan it is dominated by 1f1b (the same
+        # ticks and ring, and B and W each re-run the stage: schedules.lockstep_runs)
+        out += [(1, "1f1b")] + [(1, "zb")] * ("zb" in space.new_schedules and fixed.schedule == "zb")
     if space.repeats:
         # circular / interleaved: equal chunks, so p·R must divide n_layer; beyond R=4 the bubble
         # gain is small and every extra repeat adds a ppermute round per microbatch.

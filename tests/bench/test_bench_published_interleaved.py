@@ -38,11 +38,12 @@ def test_errors_bubbles_and_memory(report):
     for x in rows:
         assert x["err_interleaved"] == x["interleaved_mfu"] / x["published_mfu_model_flops"] - 1
         S, M, R = x["mesh"]["pipe"], x["microbatches"], x["repeats"]
-        assert x["interleaved_bubble"] == bubble_fraction(S, M, R, "interleaved")
+        assert x["interleaved_bubble"] == pytest.approx(bubble_fraction(S, M, R, "interleaved"), rel=1e-12)
         assert x["one_f_one_b_bubble"] == bubble_fraction(S, M, 1, "1f1b") > x["interleaved_bubble"]
         assert x["interleaved_fits"] and 40 < x["interleaved_memory_gib"] < 60
-        # at these large M the bubble is small: the predicted gain over 1F1B stays under 5%
-        assert -0.01 < x["predicted_gain_over_1f1b"] < 0.05
+        # at these large M the bubble is small: the predicted gain over 1F1B stays under 5%, and
+        # at 529.6B (S = 35, R = 3) interleaved's R·M + (R+1)·S - 2 ppermute rounds make it 1.2% slower
+        assert -0.015 < x["predicted_gain_over_1f1b"] < 0.05
     assert report["mean_abs_err_interleaved"] == pytest.approx(sum(abs(x["err_interleaved"]) for x in rows) / 4)
 
 
