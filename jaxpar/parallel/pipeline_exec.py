@@ -35,13 +35,13 @@ comes out: no (B, T, D) embedded batch or (B, T, V) logits exist.
 
 Time. The tables' bubbles (`jaxpar.parallel.layout.bubble_fraction`) count each rank's own idle
 ticks, as an asynchronous runtime would see them. One SPMD scan runs in lock step: a tick lasts
-as long as its busiest rank's lanes. 1f1b packs into M + 2S - 2 ticks with F and BW lanes busy in
-the steady ticks, (M+S-1)·(F+B) in all, its table's bubble. zb packs into the same M + 2S - 2
-ticks, with some rank running B and W in most of them; and B and W each re-run the stage from its
-saved input (no residuals are kept between them), one stage forward per microbatch more than
-BW. So in lock step zb is no faster than 1f1b (about a quarter more stage compute); its split
-pays off where ranks run asynchronously. interleaved packs into R·M + (R+1)S - 2 ticks of 1/R stage: M + (1 + 1/R)S - 2/R stage ticks,
-(S-2)(1 - 1/R) fewer than 1f1b.
+as long as its busiest rank's lanes (idle lanes are skipped with lax.cond). Counting F as one
+stage forward and B, W, BW as the re-run plus one, one or two backward passes (2, 2, 3), the packed
+plans take: 1f1b M + S - 1 stage runs (F + BW each) over M + 2S - 2 ticks, its table's bubble;
+interleaved R·M + S - 1 chunk runs over R·M + (R+1)S - 2 ticks, Megatron's bubble; zb
+(5M + 3(S-1))/4 stage runs over M + 2S - 2 ticks, more than 1f1b, since B and W each re-run the
+stage from its saved input (no residuals are kept between them). Its split pays off only where
+ranks run asynchronously (jaxpar.planner.schedules checks these forms against the packed plans).
 
 Gradients leave the scan once: block grads reduce-scattered over fsdp (`psum_scatter`, the
 transpose of the gather), then psum over data; wte/wpe/ln_f grads, nonzero only on the ranks
