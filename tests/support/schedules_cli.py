@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import jax
-from support.cli_helpers import run
 
 from gpt2common import data
 from jaxpar import config as C
@@ -17,6 +16,7 @@ from jaxpar.parallel.layout import build_layout
 from jaxpar.run.loop import evaluate
 from jaxpar.tolerances import SHARDED_VS_SINGLE
 from jaxpar.train import build_trainer
+from support.cli_helpers import run
 
 COMMON = ["model=gpt2-tiny", "model.n_layer=4", "train.seq_len=32", "train.batch_size=16", "train.warmup_steps=0",
           "train.lr=1e-3", "train.eval_every=1", "train.eval_batches=2", "precision=fp32", "progress=plain"]
