@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
@@ -12,6 +14,7 @@ import bf16_dot_form  # noqa: E402
 TINY = (1, 32, 2, 64, 16, 2)  # n_layer, n_embd, n_head, vocab, seq, batch
 
 
+@pytest.mark.slow  # the benchmark script end to end (12 s)
 def test_variants_compile_their_dot_forms_and_time_every_round():
     """Whatever the host: fp32 and fp32_kernel steps have fp32 dots only, bf16_kernel bf16 x bf16 -> fp32
     only (1 layer: 4 matmuls x 3 dots + 6 attention dots + the tied head's 3 = 21); the two bf16 forms'

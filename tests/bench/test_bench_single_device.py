@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow  # the benchmark script end to end (20 s); its ratio and JSON logic run in -m slow
 def test_single_device_benchmark_micro(tmp_path):
     out = tmp_path / "sd.json"
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "single_device.py"), "--configs", "custom",

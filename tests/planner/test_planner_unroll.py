@@ -1,6 +1,7 @@
 """The planner's memory term for XLA:CPU's unrolled fp32 layer loop (jaxpar/planner/activations.py
 `unrolled_layer_bytes`, `unrolled_peak_bytes`; jaxpar/planner/README.md, "Accuracy against the compiler")."""
 
+import pytest
 from support.cli_helpers import run_probe
 
 from jaxpar.config import ModelConfig
@@ -34,6 +35,7 @@ VARIANTS = [(1, "none", 1), (2, "none", 1), (1, "none", 2)]  # unrolled: remat n
 REMATS = [(1, "selective", 1), (1, "full", 1)]  # rolled
 
 
+@pytest.mark.slow  # ten compiles (60 s on 2 cores); the formula and where it applies stay default
 def test_unrolled_layer_term_matches_the_compiler_per_layer():
     """Census against the compiler: one more layer grows the unrolled fp32 step's compiled memory by
     `unrolled_layer_bytes` + the layer's 16 bytes of fp32 state per parameter (weights, grads, Adam

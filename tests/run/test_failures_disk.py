@@ -234,7 +234,10 @@ def test_an_export_that_cannot_be_written_is_one_error_line(two_step_run, tmp_pa
     assert os.listdir(hf_dir) == []  # no half-written weights, no .tmp
 
 
-@pytest.mark.parametrize("strategy,workers,world", [("single", 1, 1), ("distributed-ps", 2, 2), ("horovod", 2, 2)])
+# one multi-process strategy by default (11 s each; they share the writer, torchref.worker)
+@pytest.mark.parametrize("strategy,workers,world", [pytest.param("single", 1, 1, marks=pytest.mark.slow),
+                                                    pytest.param("distributed-ps", 2, 2, marks=pytest.mark.slow),
+                                                    ("horovod", 2, 2)])
 def test_a_torchref_rank_that_cannot_append_its_metrics_is_one_error_line(tmp_path, strategy, workers, world):
     """The write fails in a worker process mid-run, not in the launcher: rank 0 appends metrics.jsonl
     each step. A 1-layer, 16-wide model keeps every file the launcher writes first (data 18 kB,

@@ -1,7 +1,7 @@
-"""Shared body of the `jaxpar train` tests of the table schedules (tests/parallel/test_pipeline_zb.py,
-test_pipeline_interleaved.py): 3 steps on 8 emulated CPU devices (subprocess) stopped after step 2
-and resumed,
-training's evaluation after every step, all against the same 3 steps on one device in-process."""
+"""Shared body of the `jaxpar train` tests of the table schedules and sequence parallelism
+(tests/parallel/test_pipeline_zb.py, test_pipeline_interleaved.py, test_sequence_parallel_cli.py):
+3 steps on 8 emulated CPU devices (subprocess) stopped after step 2 and resumed, training's
+evaluation after every step, all against the same 3 steps on one device in-process."""
 
 from __future__ import annotations
 
