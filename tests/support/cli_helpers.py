@@ -36,7 +36,11 @@ def run_worker(script: str, tmp_path, kind: str, *names: str) -> dict:
 
     path = tmp_path / f"{kind}.json"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    # LLVM optimisation level 0 cuts the workers' compile time (they compile many small steps and run
+    # each a few times); it changes neither the SPMD partitioning nor the buffer assignment (compiled
+    # temp bytes) under test, and every worker computes its reference under the same flags.
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
+               JAX_PLATFORMS="cpu")
     r = subprocess.run([sys.executable, script, kind, str(path), *names], env=env, capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
