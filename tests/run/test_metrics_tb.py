@@ -22,17 +22,21 @@ print(json.dumps({"torch": "torch" in sys.modules, "tb": m.tb is not None}))
 """
 
 
-def _scalars(path) -> list[tuple[int, str, float]]:
+def _events(path):
+    """Every Event of one event file (TFRecord: u64 length, u32 crc, payload, u32 crc)."""
     from tensorboardX.proto import event_pb2
 
-    data, i, out = path.read_bytes(), 0, []
-    while i < len(data):  # TFRecord: u64 length, u32 crc, payload, u32 crc
+    data, i = path.read_bytes(), 0
+    while i < len(data):
         (n,) = struct.unpack("<Q", data[i:i + 8])
         ev = event_pb2.Event()
         ev.ParseFromString(data[i + 12:i + 12 + n])
-        out += [(ev.step, v.tag, v.simple_value) for v in ev.summary.value]
+        yield ev
         i += 12 + n + 4
-    return out
+
+
+def _scalars(path) -> list[tuple[int, str, float]]:
+    return [(ev.step, v.tag, v.simple_value) for ev in _events(path) for v in ev.summary.value]
 
 
 def test_tensorboard_events_written_without_importing_torch(tmp_path):
@@ -62,15 +66,8 @@ def _purge_steps(path) -> list[int]:
     """Steps of the SessionLog START events (TensorBoard's purge marker) in one event file."""
     from tensorboardX.proto import event_pb2
 
-    data, i, out = path.read_bytes(), 0, []
-    while i < len(data):
-        (n,) = struct.unpack("<Q", data[i:i + 8])
-        ev = event_pb2.Event()
-        ev.ParseFromString(data[i + 12:i + 12 + n])
-        if ev.HasField("session_log") and ev.session_log.status == event_pb2.SessionLog.START:
-            out.append(ev.step)
-        i += 12 + n + 4
-    return out
+    return [ev.step for ev in _events(path)
+            if ev.HasField("session_log") and ev.session_log.status == event_pb2.SessionLog.START]
 
 
 def test_resumed_run_purges_the_replayed_steps_from_its_tensorboard_curves(tmp_path):
