@@ -114,7 +114,7 @@ class Config:
     seed: int = setting(0, "seed of the initial weights, data order and dropout")
     out: str = setting("runs/latest", "run directory (config.json, metrics.jsonl, ckpt/, tb/)")
     resume: bool = setting(False, "continue the run in out= from its newest checkpoint")
-    init: str = setting("", "start from these weights: an HF save_pretrained dir")
+    init: str = setting("", "start from these weights: an HF save_pretrained dir, or a hub name in the local HF cache")
     init_state: str = setting("", "continue a training state dir (jaxpar convert to_state=, torchref state_every=): "
                               "weights, AdamW moments, step; docs/state_format.md")
     plan: str = setting("", "apply a plan: auto (search now) | a plan.json from jaxpar plan")

@@ -262,6 +262,7 @@ def _initial_state(cfg, trainer, init_params, resume_step, ds) -> tuple[dict, in
 def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, stop, is_main) -> int:
     tc = cfg.train
     # Written only now, after the config, data and checkpoint checked out.
+    wandb_run = None
     if is_main:
         print(f"jaxpar train: {cfg.model_name} ({cfg.model.num_params():,} params), mesh {dataclasses.asdict(cfg.mesh)}, "
               f"{jax.device_count()} devices / {jax.process_count()} processes, precision {cfg.precision}")
@@ -269,14 +270,13 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
         print("config: " + json.dumps(dataclasses.asdict(settings), separators=(",", ":")))
         write_atomic(os.path.join(cfg.out, "config.json"), dumps(settings))  # a resume's old one survives a failure
         truncate_after(os.path.join(cfg.out, METRICS_FILE), start)  # a resume rewrites what came after
+        if cfg.log.wandb:
+            wandb_run = start_wandb(cfg.out, cfg.log, start, dataclasses.asdict(settings))
 
     tokens_per_step = tc.batch_size * tc.seq_len
     flops_tok = cfg.model.flops_per_token(tc.seq_len)
     peak = device_peak_flops(cfg)  # None: no MFU (the metrics carry FLOP/s only)
     peak = peak * jax.device_count() if peak else None
-    wandb_run = None
-    if is_main and cfg.log.wandb:
-        wandb_run = start_wandb(cfg.out, cfg.log, start, dataclasses.asdict(settings_of(cfg)))
     logger = MetricsLogger(cfg.out, tc.steps, start, cfg.progress, enabled=is_main, print_every=tc.log_every,
                            wandb_run=wandb_run)
     if resume_step is not None:
