@@ -98,13 +98,20 @@ def flatten_yaml(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def parse_kv(args: list[str]) -> dict[str, str]:
-    """['a.b=1', 'c=x'] -> {'a.b': '1', 'c': 'x'}."""
+def parse_kv(args: list[str], once=()) -> dict[str, str]:
+    """['a.b=1', 'c=x'] -> {'a.b': '1', 'c': 'x'}.
+
+    A repeated config key takes its last value, so `train $COMMON train.steps=10` overrides.
+    The keys in `once` (a command's inputs and outputs: `run=`, `checkpoint=`, `to_hf=`; or
+    `once=True`, every key) may be given only once: `plot run=a run=b` would otherwise plot b
+    and silently drop a."""
     out: dict[str, str] = {}
     for a in args:
         key, sep, val = a.partition("=")
         if not sep or not key:
             raise ConfigError(f"argument {a!r} is not key=value")
+        if key in out and (once is True or key in once):
+            raise ConfigError(f"{key}= given twice ({out[key]!r} and {val!r}); it takes one value")
         out[key] = val
     return out
 

@@ -59,7 +59,7 @@ def inspect(argv: list[str]) -> int:
 def prepare(argv: list[str]) -> int:
     from gpt2common import data
 
-    kv = parse_kv(argv)
+    kv = parse_kv(argv, once=True)
     unknown = set(kv) - set(O.names(O.PrepareOptions))
     if unknown:
         raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))} (valid: {', '.join(O.names(O.PrepareOptions))})")
@@ -151,7 +151,7 @@ def evaluate(argv: list[str]) -> int:
     from jaxpar.config import split_config_flag
 
     path, rest = split_config_flag(argv)
-    kv = parse_kv(rest)
+    kv = parse_kv(rest, once=("checkpoint", "hf", "data"))
     ckpt, hf_dir, data_arg = kv.pop("checkpoint", ""), kv.pop("hf", ""), kv.pop("data", "")
     if bool(ckpt) == bool(hf_dir):
         raise ConfigError("eval needs exactly one of checkpoint=<run dir> or hf=<dir>")
@@ -209,7 +209,7 @@ SAMPLE_KEYS = O.names(O.SampleOptions)
 
 def sample(argv: list[str]) -> int:
     """Generate from a run dir on one device, or on the mesh given by `mesh.*` / `pipeline.*`."""
-    kv = parse_kv(argv)
+    kv = parse_kv(argv, once=SAMPLE_KEYS)
     opts = {k: v for k, v in kv.items() if k in SAMPLE_KEYS}
     over = {k: v for k, v in kv.items() if k not in SAMPLE_KEYS}
     unknown = [k for k in over if not (k.startswith(("mesh.", "pipeline.")) or k == "precision")]
@@ -228,7 +228,7 @@ def sample(argv: list[str]) -> int:
 def convert(argv: list[str]) -> int:
     from gpt2common import hf
 
-    kv = parse_kv(argv)
+    kv = parse_kv(argv, once=True)
     from gpt2common.outdir import check_writable
 
     if set(kv) == {"hf", "out"}:
@@ -280,7 +280,7 @@ def convert(argv: list[str]) -> int:
 def plot(argv: list[str]) -> int:
     from jaxpar.run.plot import plot_run
 
-    kv = parse_kv(argv)
+    kv = parse_kv(argv, once=True)
     if set(kv) - set(O.names(O.PlotOptions)) or "run" not in kv:
         raise ConfigError("plot takes run=<run dir> [out=<png>]")
     path = plot_run(kv["run"], kv.get("out"))

@@ -125,6 +125,12 @@ def test_a_yaml_null_is_refused_not_the_string_none(tmp_path, capsys):
     (["prepare", "input=corpus.txt"], "prepare needs out=<dir>"),
     (["plot"], "plot takes run=<run dir> [out=<png>]"),
     (["plot", "out=x.png"], "plot takes run=<run dir> [out=<png>]"),
+    # an input or output given twice: the last would win and the first be silently dropped
+    (["plot", "run=a", "run=b"], "run= given twice ('a' and 'b'); it takes one value"),
+    (["eval", "checkpoint=a", "data=c", "checkpoint=b"], "checkpoint= given twice ('a' and 'b'); it takes one value"),
+    (["sample", "checkpoint=a", "prompt=x", "prompt=y"], "prompt= given twice ('x' and 'y'); it takes one value"),
+    (["convert", "checkpoint=a", "to_hf=b", "to_hf=c"], "to_hf= given twice ('b' and 'c'); it takes one value"),
+    (["prepare", "input=a", "input=b", "out=o"], "input= given twice ('a' and 'b'); it takes one value"),
 ])
 def test_command_arguments_missing_or_conflicting_are_one_line(argv, line, tmp_path, monkeypatch, capsys):
     """Checked before any file is read (none of these paths exists): exit 2, one line."""
@@ -132,6 +138,11 @@ def test_command_arguments_missing_or_conflicting_are_one_line(argv, line, tmp_p
     assert cli.main(argv) == 2
     assert capsys.readouterr().err == f"error: {line}\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_repeated_config_key_still_overrides():
+    """Config keys keep the override habit (`train $COMMON train.steps=10`): the last value wins."""
+    assert C.resolve(["train.steps=5", "model=gpt2-tiny", "train.steps=7"]).train.steps == 7
 
 
 def test_error_line_is_one_write(monkeypatch):
