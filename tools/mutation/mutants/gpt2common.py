@@ -119,6 +119,10 @@ MUTANTS: list[Mutant] = [
            "key=value splits at the last '=': prompt='a=b' or data=/x=y/ give key 'prompt=a' (unknown key) or "
            "a wrong value",
            (T + "test_config.py::test_a_value_may_hold_an_equals_sign",)),
+    Mutant("repeated_input_key_last_wins", "cli", "gpt2common/grammar.py",
+           'if key in out and (once is True or key in once):', 'if key in out and (once is not True and key in once):',
+           "`plot run=a run=b` (a command taking once=True) plots b and silently drops a",
+           (T + "run/test_failures_config.py::test_command_arguments_missing_or_conflicting_are_one_line",)),
     Mutant("hf_import_refuses_explicit_n_inner", "hf", "gpt2common/hf.py",
            'c.get("n_inner") not in (None, 4 * c["n_embd"])', 'c.get("n_inner") is not None',
            "an HF config.json stating n_inner=4*n_embd explicitly (same model as null) is refused",
