@@ -66,7 +66,7 @@ from jaxpar.models.precision import get_policy
 from jaxpar.parallel import schedules as sc
 from jaxpar.parallel.fsdp import _gather
 from jaxpar.parallel.layout import ParallelLayout
-from jaxpar.parallel.logical import activation_rules, spec_for
+from jaxpar.parallel.logical import activation_rules, constrain, spec_for
 from jaxpar.parallel.pipeline import _manual_spec, _varying, embed_keep, to_stage_layout
 
 OUTER = ("wte", "wpe", "ln_f")  # the non-block params: embedding on virtual stage 0, ln_f + tied head on the last
@@ -159,6 +159,7 @@ def make_schedule_step(cfg: Config, lay: ParallelLayout, mesh, dropout: bool = F
     o_tensor = {k: jax.tree.map(lambda sp: _manual_spec(sp, ("tensor",)), specs[k], is_leaf=is_spec) for k in OUTER}
     valid = jnp.asarray(layout.valid)  # (R, S, Lmax) bool: False on the pads of non-uniform stages
     block = nnx.graphdef(gpt2.Block(mc, policy, mlp_chunks=tc.mlp_chunks))
+    whole_t = {**lay.pipeline_rules, "resid_seq": None}  # the embedding's output keeps T whole
     fwd_perm = [(j, (j + 1) % S) for j in range(S if R > 1 else S - 1)]
     bwd_perm = [((j + 1) % S, j) for j in range(S if R > 1 else S - 1)]
 
@@ -186,7 +187,13 @@ def make_schedule_step(cfg: Config, lay: ParallelLayout, mesh, dropout: bool = F
                                  o_tensor[k]) for k in OUTER}
         mb, T = tok.shape[1:]
         D = mc.n_embd
-        act = lambda: _varying(jnp.zeros((mb, T, D), policy.compute_dtype), manual)  # noqa: E731
+        # Every (mb, T, D) value that leaves a cond / switch branch, is stashed or sent to the next
+        # stage has T whole: XLA requires one sharding per conditional result, and resharding a
+        # T-split value inside a lane only some ranks run would put a collective-permute among
+        # the tensor peers there, which XLA:CPU rendezvouses over every device (a deadlock).
+        # Sequence parallelism (resid_seq -> tensor) still splits T inside each stage's blocks.
+        resid = lambda x: constrain(x, ("batch", "seq", "embed"))  # noqa: E731
+        act = lambda: resid(_varying(jnp.zeros((mb, T, D), policy.compute_dtype), manual))  # noqa: E731
         f32_zeros = lambda tree: jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), tree)  # noqa: E731
         # d(global mean loss) / d(one microbatch's mean loss)
         seed = _varying(jnp.full((), 1.0 / (M * n_rows), jnp.float32), manual)
@@ -208,7 +215,8 @@ def make_schedule_step(cfg: Config, lay: ParallelLayout, mesh, dropout: bool = F
                 j = jax.lax.axis_index(("data", "fsdp"))  # this replica's row block of the microbatch
                 keep = embed_keep(k_embed, m, mb * n_rows, T, D, mc.dropout)
                 keep = jax.lax.dynamic_slice_in_dim(keep, j * mb, mb, 0)
-            return gpt2.GPT2(mc, {**o, "h": None}, policy=policy).embed(x_tok, keep=keep)
+            with activation_rules(jax.sharding.get_abstract_mesh(), whole_t):  # see `resid` below
+                return gpt2.GPT2(mc, {**o, "h": None}, policy=policy).embed(x_tok, keep=keep)
 
         def head_loss(o, y, y_tgt):  # (mb, T, D) -> mean fp32 loss of the microbatch
             return gpt2.GPT2(mc, {**outer, **o, "h": None}, policy=policy,
@@ -226,8 +234,8 @@ def make_schedule_step(cfg: Config, lay: ParallelLayout, mesh, dropout: bool = F
             def forward(xbuf):
                 m, r, i = c[F_M], c[F_R], c[F_X]
                 first, last = (r == 0) & (s == 0), (r == R - 1) & (s == S - 1)
-                x = jax.lax.cond(first, lambda: embed(outer, tok[m], m), lambda: read(xbuf, i))
-                y = jax.lax.cond(last, act, lambda: run_stage(chunk(w, r), ok[r], x, stage_keys(m, r)))
+                x = jax.lax.cond(first, lambda: resid(embed(outer, tok[m], m)), lambda: resid(read(xbuf, i)))
+                y = jax.lax.cond(last, act, lambda: resid(run_stage(chunk(w, r), ok[r], x, stage_keys(m, r))))
                 return write(xbuf, x, i), y
 
             xbuf, y = jax.lax.cond(c[F_ON] > 0, forward, lambda xbuf: (xbuf, act()), xbuf)
@@ -260,7 +268,7 @@ def make_schedule_step(cfg: Config, lay: ParallelLayout, mesh, dropout: bool = F
                     return _add(go, d_o)
 
                 go = jax.lax.cond(first, embed_grad, lambda go: go, go)
-                return gw, go, loss, gbuf, dx
+                return gw, go, loss, gbuf, resid(dx)
 
             gw, go, loss, gbuf, dx = jax.lax.switch(
                 c[B_KIND], [lambda gw, go, loss, gbuf: (gw, go, loss, gbuf, act()),

@@ -15,9 +15,16 @@ import pytest
 
 from jaxpar.tolerances import SHARDED_VS_SINGLE
 
-# name -> (mesh sizes, loss path the layout picks): every parallel program tensor composes with
-MESHES = {"tensor=4": ({"tensor": 4}, "auto"), "data=2,tensor=2": ({"data": 2, "tensor": 2}, "tied"),
-          "fsdp=2,tensor=2": ({"fsdp": 2, "tensor": 2}, "zero3"), "pipe=2,tensor=2": ({"pipe": 2, "tensor": 2}, "gpipe")}
+# name -> (mesh sizes, loss path the layout picks, pipeline schedule and repeats): every parallel
+# program tensor composes with. The table schedules skip idle lanes with lax.cond, and a T-split value
+# resharded inside a lane used to deadlock XLA:CPU (jaxpar.parallel.pipeline_exec keeps T whole there).
+PIPE_TENSOR = {"pipe": 2, "tensor": 2}
+MESHES = {"tensor=4": ({"tensor": 4}, "auto", "gpipe", 1), "data=2,tensor=2": ({"data": 2, "tensor": 2}, "tied", "gpipe", 1),
+          "fsdp=2,tensor=2": ({"fsdp": 2, "tensor": 2}, "zero3", "gpipe", 1),
+          "pipe=2,tensor=2": (PIPE_TENSOR, "gpipe", "gpipe", 1), "pipe=2,tensor=2/1f1b": (PIPE_TENSOR, "1f1b", "1f1b", 1),
+          "pipe=2,tensor=2/zb": (PIPE_TENSOR, "zb", "zb", 1),
+          "pipe=2,tensor=2/interleaved": (PIPE_TENSOR, "interleaved", "interleaved", 2)}
+DEFAULT = ["tensor=4", "pipe=2,tensor=2/1f1b"]  # the rest: -m slow
 
 
 def _worker(out_path: str, names: list[str]) -> None:
@@ -32,14 +39,16 @@ def _worker(out_path: str, names: list[str]) -> None:
     from jaxpar.run.inspection import collective_bytes, memory_per_device
     from jaxpar.train import build_trainer, make_loss_fn
 
-    model = dataclasses.replace(PRESETS["gpt2-tiny"], n_layer=2)
-    params = gpt2.init_params(model, 0)
     rng = np.random.default_rng(0)
-    x, y = (rng.integers(0, model.vocab_size, (8, 32), dtype=np.int32) for _ in range(2))
+    x, y = (rng.integers(0, PRESETS["gpt2-tiny"].vocab_size, (8, 32), dtype=np.int32) for _ in range(2))
 
-    def run(sizes: dict, sp: bool):
+    def run(sizes: dict, sp: bool, schedule="gpipe", repeats=1):
+        # 2 layers (4 for two chunks on each of 2 stages), the same weights on every mesh
+        model = dataclasses.replace(PRESETS["gpt2-tiny"], n_layer=max(2, 2 * repeats))
+        params = gpt2.init_params(model, 0)
         cfg = Config(model=model, mesh=MeshConfig(**sizes), precision="fp32", tensor=TensorConfig(sp),
-                     train=TrainConfig(batch_size=8, seq_len=32), pipeline=PipelineConfig(microbatches=2))
+                     train=TrainConfig(batch_size=8, seq_len=32),
+                     pipeline=PipelineConfig(microbatches=2, schedule=schedule, repeats=repeats))
         n = int(np.prod(list(sizes.values()))) if sizes else 1
         lay = build_layout(cfg, n)
         tr = build_trainer(lay, devices=jax.devices()[:n])
@@ -54,12 +63,13 @@ def _worker(out_path: str, names: list[str]) -> None:
         return {"loss": float(loss), "grads": g, "path": lay.loss_path, "temp": memory_per_device(compiled)["temp"],
                 "ops": {k: coll[k]["ops"] for k in ("all-reduce", "reduce-scatter", "all-gather")}}
 
-    ref = run({}, False)
+    refs = {}
     out = {}
     for name in names:
-        sizes = MESHES[name][0]
+        sizes, _, schedule, repeats = MESHES[name]
+        ref = refs.setdefault(repeats, run({}, False, "gpipe", repeats))
         for sp in (False, True):
-            r = run(sizes, sp)
+            r = run(sizes, sp, schedule, repeats)
             scale = {k: max(float(np.max(np.abs(v))), 1e-30) for k, v in ref["grads"].items()}
             out[f"{name}/{sp}"] = {
                 "loss_rel": abs(r["loss"] - ref["loss"]) / abs(ref["loss"]),
@@ -77,12 +87,12 @@ def _results(tmp_path_factory, names):
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return _results(tmp_path_factory, ["tensor=4"])
+    return _results(tmp_path_factory, DEFAULT)
 
 
 @pytest.fixture(scope="module")
 def results_every_path(tmp_path_factory):
-    return _results(tmp_path_factory, [n for n in MESHES if n != "tensor=4"])
+    return _results(tmp_path_factory, [n for n in MESHES if n not in DEFAULT])
 
 
 def _check_equal(results, name):
@@ -94,12 +104,13 @@ def _check_equal(results, name):
         assert r["grad_rel"] <= tol["grad"], (sp, r)
 
 
-def test_sequence_parallel_equals_one_device(results):
-    _check_equal(results, "tensor=4")
+@pytest.mark.parametrize("name", DEFAULT)
+def test_sequence_parallel_equals_one_device(results, name):
+    _check_equal(results, name)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in MESHES if n != "tensor=4"])
+@pytest.mark.parametrize("name", [n for n in MESHES if n not in DEFAULT])
 def test_sequence_parallel_equals_one_device_on_every_loss_path(results_every_path, name):
     _check_equal(results_every_path, name)
 
