@@ -9,8 +9,9 @@ An example is one training configuration drawn over the whole space `jaxpar trai
              min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip in {0 (off), 1e-6 (always
              clips), 1e6 (never clips)}, grad_accum 1-4, remat, vocab_chunks, mlp_chunks; seed
   jaxpar     a (data, fsdp, tensor, pipe) mesh of 1-8 of the 8 emulated devices that jaxpar's own
-             checks accept for the drawn shape (pipeline.microbatches, schedule gpipe|circular,
-             repeats), sharding.replicate groups, precision=fp32
+             checks accept for the drawn shape (pipeline.microbatches, schedule gpipe|circular|
+             1f1b|zb|interleaved, repeats), sequence parallelism where tensor divides seq_len,
+             sharding.replicate groups, precision=fp32
   torchref   single, or single-ps | distributed-ps | horovod with 2 or 4 workers (the
              synchronous fp32 strategies); `horovod` only when `slow` (mpiexec starts cost ~10 s)
 
@@ -55,7 +56,7 @@ DRAWN_KEYS = {
     "train.weight_decay", "train.beta1", "train.beta2", "train.eps", "train.grad_clip", "train.grad_accum",
     "train.remat", "train.vocab_chunks", "train.mlp_chunks", "model.attention", "seed", "data",
     "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.pipe", "pipeline.microbatches", "pipeline.schedule",
-    "pipeline.repeats",
+    "pipeline.repeats", "tensor.sequence_parallel",
 }
 
 
@@ -88,7 +89,8 @@ class Example:
                 f"clip {float(g('train.grad_clip')):g} accum {g('train.grad_accum')} seed {g('seed')} | "
                 f"d{g('mesh.data')} f{g('mesh.fsdp')} t{g('mesh.tensor')} p{g('mesh.pipe')}{pipe} "
                 f"remat {g('train.remat')} vc {g('train.vocab_chunks')} mc {g('train.mlp_chunks')}"
-                f"{' repl ' + kv['sharding.replicate'] if 'sharding.replicate' in kv else ''} | "
+                f"{' repl ' + kv['sharding.replicate'] if 'sharding.replicate' in kv else ''}"
+                f"{' sp' if kv.get('tensor.sequence_parallel') == 'true' else ''} | "
                 f"{g('strategy')}×{g('workers')}")
 
     def data_dir(self, root: str) -> str:
@@ -108,6 +110,10 @@ class Example:
 SETTINGS = dict(deadline=None, derandomize=True, database=None, print_blob=False,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SLOW_EXAMPLES = 40
+
+
+# (pipeline.schedule, pipeline.repeats) drawn for pipe > 1: every schedule, the chunked ones with 2 chunks
+SCHEDULES = (("gpipe", 1), ("circular", 2), ("1f1b", 1), ("zb", 1), ("interleaved", 2))
 
 
 def _divisors(n: int, cap: int) -> list[int]:
@@ -132,7 +138,7 @@ def _valid_meshes(n_layer: int, n_head: int, n_embd: int, vocab: int) -> list[di
                     if data * fsdp * tensor * pipe > DEVICES:
                         continue
                     pipes = [(1, "gpipe", 1)] if pipe == 1 else [
-                        (m, s, r) for m in (1, 2, 4) for s, r in (("gpipe", 1), ("circular", 2))]
+                        (m, s, r) for m in (1, 2, 4) for s, r in SCHEDULES]
                     for m, s, r in pipes:
                         cfg = Config(model=mc, mesh=MeshConfig(data, fsdp, tensor, pipe),
                                      pipeline=PipelineConfig(microbatches=m, schedule=s, repeats=r),
@@ -185,6 +191,8 @@ def examples(draw, slow: bool = False) -> Example:
     if mesh["pipe"] > 1:
         jx += [f"pipeline.microbatches={mesh['mb']}", f"pipeline.schedule={mesh['schedule']}",
                f"pipeline.repeats={mesh['repeats']}"]
+    if mesh["tensor"] > 1 and seq_len % mesh["tensor"] == 0:  # Megatron SP: T split over `tensor`
+        jx.append(f"tensor.sequence_parallel={draw(st.booleans())}".lower())
     replicate = draw(st.lists(st.sampled_from(["embed", "attn", "mlp"]), unique=True, max_size=2))
     if replicate:  # per-group OSDP: these groups stay whole over fsdp
         jx.append(f"sharding.replicate={','.join(replicate)}")

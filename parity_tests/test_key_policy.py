@@ -162,8 +162,6 @@ CHECKED_ELSEWHERE = {
     "init": "test_property_parity.test_default_train_settings_from_one_hf_init and every matrix row",
     "init_state": "both directions of the training-state handoff in test_state_handoff.py",
     "pipeline.gather": "torchref has no pipeline; gather=layer vs one device in tests/parallel/test_pipeline.py",
-    "tensor.sequence_parallel": "torchref has no tensor parallelism; on vs off vs one device in "
-                                "tests/parallel/test_sequence_parallel.py",
 }
 
 
