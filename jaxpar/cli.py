@@ -54,7 +54,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not isinstance(sys.stdout, _ClosedStdoutIgnored):
         sys.stdout = _ClosedStdoutIgnored(sys.stdout)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # XLA's C++ logs: no INFO / WARNING lines; in a multi-process job no ERROR lines either. Those are
+    # the coordination service's reports of a dead peer (a page of them, racing our one
+    # `lost contact` line, jaxpar.run.loop); their content reaches Python as the failed
+    # collective's error. Set TF_CPP_MIN_LOG_LEVEL=0 to see them all.
+    from jaxpar.parallel.mesh import detect_cluster
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3" if detect_cluster() else "2")
     xla_flags.apply_gpu_defaults()  # collective-overlap flags on GPU, before JAX starts
     host_memory.keep_freed_memory()  # no per-step page faults on XLA:CPU's buffers, before JAX starts
     module, func = COMMANDS[cmd].split(":")

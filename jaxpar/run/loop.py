@@ -90,7 +90,8 @@ def evaluate(trainer, params, ds: data_lib.Dataset, cfg: Config) -> float:
 
 def _fault_injection() -> tuple[int, int] | None:
     """`JAXPAR_FAULT_SIGNAL=<SIGNAL>@<step>[@<rank>]`: this process sends itself the signal once
-    step <step>'s metrics are written (tests: a kill -9 or SIGTERM at an exact step, race-free)."""
+    step <step>'s metrics are written, or with step 0 once the step is compiled, before the first
+    step (tests: a kill -9 or SIGTERM at an exact step, race-free)."""
     spec = os.environ.get("JAXPAR_FAULT_SIGNAL")
     if not spec:
         return None
@@ -313,6 +314,8 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
     # times differ per process.
     batch = put(start)
     step_fn = trainer.loop_step_fn.lower(state, *batch, trainer.put_flag(False)).compile()
+    if fault is not None and fault[0] == 0:
+        os.kill(os.getpid(), fault[1])
     if jax.process_count() > 1:
         from jaxpar.parallel.mesh import barrier
 

@@ -74,6 +74,11 @@ MUTANTS: list[Mutant] = [
            '    sys.stdout.write(f"error: {one_line(msg)}\\n")\n',
            "configuration errors printed on stdout",
            (T + "run/test_errors.py",)),
+    Mutant("cli_job_keeps_cpp_errors", "failures-multiprocess", "jaxpar/cli.py",
+           '"3" if detect_cluster() else "2"', '"2"',
+           "a rank of a multi-process job prints the coordination service's page of ERROR lines before its "
+           "one `lost contact` line",
+           (T + "run/test_failures_multiprocess.py::test_a_rank_of_a_job_keeps_xlas_error_logs_off_its_stderr",)),
     Mutant("cli_skips_host_memory", "host-memory", "jaxpar/cli.py",
            "    host_memory.keep_freed_memory()  # no per-step",
            "    pass  # no per-step",
