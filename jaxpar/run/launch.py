@@ -114,6 +114,10 @@ def precheck(cmd: list[str], n: int) -> None:
 
     path, rest = split_config_flag(cmd[1:])
     cfg = C.resolve(rest, path) if cmd[0] == "mesh" else resolve_train(parse_kv(rest), path, cmd[0] == "train")
+    if cmd[0] == "train":
+        from jaxpar.run.handoff import check_init_state
+
+        check_init_state(cfg)  # a state that cannot continue this run (its own line, not one per rank)
     sizes = dataclasses.asdict(cfg.mesh)
     if -1 not in sizes.values() and mesh_size(cfg.mesh) % n:
         shown = "×".join(f"{k}={v}" for k, v in sizes.items())

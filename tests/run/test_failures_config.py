@@ -163,7 +163,7 @@ def test_error_line_is_one_write(monkeypatch):
                       "gpt2-xl)\n"]
 
 
-def test_launch_refuses_an_impossible_mesh_before_starting_anything(monkeypatch):
+def test_launch_refuses_an_impossible_mesh_before_starting_anything(monkeypatch, tmp_path):
     def no_spawn(*a, **k):
         raise AssertionError("a process was started")
 
@@ -173,6 +173,12 @@ def test_launch_refuses_an_impossible_mesh_before_starting_anything(monkeypatch)
     assert str(e.value) == "mesh data=3×fsdp=1×tensor=1×pipe=1 (3 devices) cannot be split evenly over 2 processes"
     with pytest.raises(ConfigError, match=r"^unknown key 'train.stepz'"):
         launch.main(["nprocs=2", "--", "train", "train.stepz=1"])
+    # a state that cannot continue the run: one line from the launcher, not one from every rank
+    with pytest.raises(ConfigError) as e:
+        launch.main(["nprocs=2", "--", "train", "model=gpt2-tiny", f"init_state={tmp_path / 'none'}",
+                     f"out={tmp_path / 'run'}"])
+    assert str(e.value) == f"init_state='{tmp_path / 'none'}' is not a directory"
+    assert list(tmp_path.iterdir()) == []
 
 
 # Stand-ins for the ranks `jaxpar launch` starts: each runs this script instead of `jaxpar.cli`,
