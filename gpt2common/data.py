@@ -31,21 +31,26 @@ def builtin_text() -> str:
     return gzip.decompress(data).decode("utf-8")
 
 
+def input_files(path: str, key: str = "input") -> list[Path]:
+    """The file `path`, or every *.txt / *.md file under the folder `path` (sorted); ConfigError
+    naming `key` when there is none. Checks without reading (`jaxpar launch` checks data= once)."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".txt", ".md"))
+        if not files:
+            raise ConfigError(f"{key}={path!r} is a folder with no .txt or .md files")
+        return files
+    if not p.is_file():
+        raise ConfigError(f"{key}={path!r} " + ("is not a regular file or folder" if p.exists() else "does not exist"))
+    return [p]
+
+
 def read_input(path: str, key: str = "input") -> bytes:
     """The raw bytes of a file, or of every *.txt / *.md file under a folder (sorted, joined by
     blank lines). Bytes, not text: the byte tokenizer takes any encoding (Latin-1, binary) as is.
     Errors name `key`, the key the user gave the path with (prepare's input=, train's data=)."""
-    p = Path(path)
     try:
-        if p.is_dir():
-            files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".txt", ".md"))
-            if not files:
-                raise ConfigError(f"{key}={path!r} is a folder with no .txt or .md files")
-            raw = b"\n\n".join(f.read_bytes() for f in files)
-        elif not p.is_file():
-            raise ConfigError(f"{key}={path!r} " + ("is not a regular file or folder" if p.exists() else "does not exist"))
-        else:
-            raw = p.read_bytes()
+        raw = b"\n\n".join(f.read_bytes() for f in input_files(path, key))
     except OSError as e:
         raise ConfigError(f"{key}={path!r} cannot be read ({e.strerror})") from None
     if not raw:

@@ -115,13 +115,32 @@ def precheck(cmd: list[str], n: int) -> None:
     path, rest = split_config_flag(cmd[1:])
     cfg = C.resolve(rest, path) if cmd[0] == "mesh" else resolve_train(parse_kv(rest), path, cmd[0] == "train")
     if cmd[0] == "train":
-        from jaxpar.run.handoff import check_init_state
-
-        check_init_state(cfg)  # a state that cannot continue this run (its own line, not one per rank)
+        _check_inputs(cfg)
     sizes = dataclasses.asdict(cfg.mesh)
     if -1 not in sizes.values() and mesh_size(cfg.mesh) % n:
         shown = "×".join(f"{k}={v}" for k, v in sizes.items())
         raise ConfigError(f"mesh {shown} ({mesh_size(cfg.mesh)} devices) cannot be split evenly over {n} processes")
+
+
+def _check_inputs(cfg) -> None:
+    """The inputs a train reads, checked without reading them whole: each rank would report the
+    same error (init=, plan=, init_state=), or process 0 alone while the others wait on it (data=)."""
+    from gpt2common import data as data_lib
+    from gpt2common import hf
+    from gpt2common.grammar import naming_key
+    from jaxpar.planner.plan import load_plan
+    from jaxpar.run.handoff import check_init_state
+
+    if cfg.data and not data_lib.is_prepared(cfg.data):
+        data_lib.input_files(cfg.data, "data")
+    if cfg.init:
+        try:
+            hf.model_config_from_hf(hf.cached_snapshot(cfg.init) or cfg.init)
+        except ConfigError as e:
+            raise ConfigError(naming_key(str(e), "init", cfg.init)) from None
+    if cfg.plan and cfg.plan != "auto":
+        load_plan(cfg.plan)
+    check_init_state(cfg)
 
 
 def main(argv: list[str]) -> int:

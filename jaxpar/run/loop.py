@@ -112,12 +112,18 @@ def _prepare_data(cfg: Config, is_main: bool) -> data_lib.Dataset:
     """Raw text is tokenized into the run dir after its checks pass (process 0 writes; the
     others wait for it); a prepared dir is used in place. Token ids are checked against the vocab."""
     tc = cfg.train
+    failed = None
     if is_main:
-        path = data_lib.resolve_data(cfg.data, cfg.tokenizer, cfg.out, tc.seq_len, cfg.model.vocab_size)
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("jaxpar:data")
+        try:
+            path = data_lib.resolve_data(cfg.data, cfg.tokenizer, cfg.out, tc.seq_len, cfg.model.vocab_size)
+        except ConfigError as e:
+            failed = e
+    # The others wait for process 0 and learn whether it failed: it prints the reason, they leave
+    # quietly (exit 2) rather than wait on a peer that is gone until a timeout's traceback.
+    if jax.process_count() > 1 and _agree(int(failed is not None)) and not is_main:
+        raise SystemExit(2)
+    if failed is not None:
+        raise failed
     if not is_main:
         path = data_lib.resolve_data(cfg.data, cfg.tokenizer, cfg.out, tc.seq_len, cfg.model.vocab_size)
     return data_lib.Dataset.open(path, cfg.model.vocab_size, tc.seq_len)

@@ -178,6 +178,13 @@ def test_launch_refuses_an_impossible_mesh_before_starting_anything(monkeypatch,
         launch.main(["nprocs=2", "--", "train", "model=gpt2-tiny", f"init_state={tmp_path / 'none'}",
                      f"out={tmp_path / 'run'}"])
     assert str(e.value) == f"init_state='{tmp_path / 'none'}' is not a directory"
+    # inputs process 0 alone reads (data=) or every rank reads (init=, plan=): checked here once
+    for key, line in (("data", "{!r} does not exist"), ("init", "{!r} is not an HF save_pretrained dir (no config.json)"),
+                      ("plan", "{!r} does not exist")):
+        with pytest.raises(ConfigError) as e:
+            launch.main(["nprocs=2", "--", "train", "model=gpt2-tiny", f"{key}={tmp_path / 'none'}",
+                         f"out={tmp_path / 'run'}"])
+        assert str(e.value) == f"{key}=" + line.format(str(tmp_path / "none"))
     assert list(tmp_path.iterdir()) == []
 
 

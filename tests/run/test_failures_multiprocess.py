@@ -84,6 +84,27 @@ def test_a_rank_that_loses_its_peer_exits_with_one_error_line(tmp_path):
     assert elapsed < 30  # the failed collective, well inside the 10 s heartbeat + slack of a loaded host
 
 
+def test_data_only_process_0_reads_fails_as_one_line_from_it(tmp_path):
+    """Bare ranks (srun / mpiexec, no launcher precheck), data= missing: process 0 prints the one
+    line and exits 2; the other learns of it at once and exits 2 quietly (it waited on process 0
+    until a 30 s gloo timeout and a traceback before)."""
+    from jaxpar.run.launch import free_port
+
+    env = clean_env(JAXPAR_COORDINATOR=f"127.0.0.1:{free_port()}", JAXPAR_NUM_PROCESSES="2")
+    argv = [*TRAIN, f"data={tmp_path / 'none.txt'}", f"out={tmp_path / 'run'}"]
+    procs = [subprocess.Popen([sys.executable, "-m", "jaxpar.cli", *argv], env={**env, "JAXPAR_PROCESS_ID": str(r)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for q in procs:
+            if q.poll() is None:
+                q.kill()
+    assert [p.returncode for p in procs] == [2, 2], errs
+    assert errs == [f"error: data='{tmp_path / 'none.txt'}' does not exist\n", ""]
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("env,level", [({}, "2"), ({"JAXPAR_COORDINATOR": "127.0.0.1:1", "JAXPAR_NUM_PROCESSES": "2"}, "3"),
                                        ({"SLURM_NTASKS": "2", "SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n1"}, "3"),
                                        ({"OMPI_COMM_WORLD_SIZE": "2", "TF_CPP_MIN_LOG_LEVEL": "0"}, "0")])
