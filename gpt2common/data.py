@@ -216,19 +216,35 @@ def _tokenizer_kind(spec: str) -> str:
     return spec if spec in ("byte", "bpe") else "gpt2-dir"
 
 
-def resolve_data(data: str, tokenizer: str, workdir: str, seq_len: int = 0, model_vocab: int | None = None) -> str:
-    """`data=` -> prepared dir. Raw text (file/folder/built-in) is prepared into `workdir`/data,
-    checked (length, vocab) before anything is written there."""
+def _prepared_for(data: str, tokenizer: str, workdir: str) -> str | None:
+    """The prepared dir `data=` resolves to without reading any text: `data` itself, or
+    `workdir`/data made from the same source by an earlier run (reused only then); else None."""
     if data and is_prepared(data):
         return data
     if data and os.path.isdir(data) and os.path.exists(os.path.join(data, "meta.json")):
         raise ConfigError(f"data={data!r} has meta.json but no train.bin")
     target = os.path.join(workdir, "data")
-    source = data or BUILTIN_CORPUS
-    if is_prepared(target):  # prepared by an earlier run into this dir: reused only if made from this source
+    if is_prepared(target):
         meta = read_meta(target)
-        if meta.get("source") == source and meta.get("tokenizer") == _tokenizer_kind(tokenizer):
+        if meta.get("source") == (data or BUILTIN_CORPUS) and meta.get("tokenizer") == _tokenizer_kind(tokenizer):
             return target
+    return None
+
+
+def check_data(data: str, tokenizer: str, workdir: str) -> None:
+    """`resolve_data`'s checks of where the data comes from, without reading or writing it
+    (`jaxpar launch` runs them once, before any rank starts)."""
+    if _prepared_for(data, tokenizer, workdir) is None and data:
+        input_files(data, "data")
+
+
+def resolve_data(data: str, tokenizer: str, workdir: str, seq_len: int = 0, model_vocab: int | None = None) -> str:
+    """`data=` -> prepared dir. Raw text (file/folder/built-in) is prepared into `workdir`/data,
+    checked (length, vocab) before anything is written there."""
+    if (found := _prepared_for(data, tokenizer, workdir)) is not None:
+        return found
+    target = os.path.join(workdir, "data")
+    source = data or BUILTIN_CORPUS
     text = builtin_text() if not data else read_input(data, "data")
     prepare(text, target, tokenizer, source=source, min_tokens=seq_len + 1 if seq_len else 0, model_vocab=model_vocab)
     return target

@@ -131,8 +131,7 @@ def _check_inputs(cfg) -> None:
     from jaxpar.planner.plan import load_plan
     from jaxpar.run.handoff import check_init_state
 
-    if cfg.data and not data_lib.is_prepared(cfg.data):
-        data_lib.input_files(cfg.data, "data")
+    data_lib.check_data(cfg.data, cfg.tokenizer, cfg.out)
     if cfg.init:
         try:
             hf.model_config_from_hf(hf.cached_snapshot(cfg.init) or cfg.init)

@@ -155,3 +155,23 @@ def test_a_prepared_vocab_larger_than_the_preset_sets_model_vocab_size(tmp_path,
     assert capsys.readouterr().err == ""
     with pytest.raises(ConfigError, match=r"^model\.vocab_size=0 must be positive$"):
         resolve_train({"model": "gpt2-tiny", "data": big, "model.vocab_size": "0"}, None, writer=False)
+
+
+def test_check_data_reads_nothing_and_accepts_what_resolve_data_would_reuse(tmp_path):
+    """`jaxpar launch` checks data= once with check_data: the same refusals as resolve_data, and
+    a raw source that is gone passes when the run dir holds data prepared from it (a resume)."""
+    src = tmp_path / "corpus.txt"
+    src.write_text("hello world " * 200)
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"^data='.*none.txt' does not exist$"):
+        data.check_data(str(tmp_path / "none.txt"), "byte", str(run))
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "meta.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"^data='.*half' has meta.json but no train.bin$"):
+        data.check_data(str(tmp_path / "half"), "byte", str(run))
+    data.check_data("", "byte", str(run))  # the built-in corpus
+    assert data.resolve_data(str(src), "byte", str(run), seq_len=16) == str(run / "data")
+    src.unlink()
+    data.check_data(str(src), "byte", str(run))  # reused by resolve_data: nothing to read
+    with pytest.raises(ConfigError, match=r"does not exist$"):
+        data.check_data(str(src), "bpe", str(run))  # another tokenizer: prepared again from the source
