@@ -168,6 +168,16 @@ def cached_snapshot(name: str) -> str | None:
         return None
 
 
+def load_hf_config(path: str, key: str) -> ModelConfig:
+    """The ModelConfig of an HF dir, or of a hub model's snapshot in the local cache, from its
+    config.json alone (no weights read); errors name `key` as `load_hf`'s do."""
+    path = cached_snapshot(path) or path
+    try:
+        return model_config_from_hf(path)
+    except ConfigError as e:
+        raise ConfigError(naming_key(str(e), key, path)) from None
+
+
 def load_hf(path: str, key: str = "") -> tuple[ModelConfig, Params]:
     """Read an HF save_pretrained dir (safetensors), or a hub model's snapshot in the local
     Hugging Face cache, into (ModelConfig, params). With `key` (init, hf: the key the user gave

@@ -15,6 +15,7 @@ from gpt2common.grammar import parse_kv
 from jaxpar import config as C
 from jaxpar.config import ConfigError
 from jaxpar.run import options as O
+from jaxpar.run.rundir import run_config
 
 
 def _parse(argv: list[str]) -> C.Config:
@@ -46,6 +47,11 @@ def train(argv: list[str], dry_run: bool = False) -> int:
     if dry_run or cfg.dry_run:
         from jaxpar.run.inspection import run_inspect
 
+        if cfg.init:  # the model train would build: init='s shape (its config.json; no weights read)
+            from gpt2common import hf
+            from jaxpar.run.loop import shaped_by_init
+
+            cfg = shaped_by_init(cfg, hf.load_hf_config(cfg.init, "init"))
         return run_inspect(cfg)
     from jaxpar.run.loop import run_train
 
@@ -80,17 +86,6 @@ def prepare(argv: list[str]) -> int:
                         min_tokens=2, key="input")
     print(json.dumps(meta))
     return 0
-
-
-def run_config(checkpoint: str) -> C.Config:
-    """The Config a run dir was trained with (its config.json), or ConfigError. No JAX."""
-    try:
-        with open(os.path.join(checkpoint, "config.json")) as f:
-            return C.from_dict(json.load(f))
-    except FileNotFoundError:
-        raise ConfigError(f"checkpoint={checkpoint!r} has no config.json (not a jaxpar run dir)") from None
-    except (json.JSONDecodeError, TypeError, ConfigError):
-        raise ConfigError(f"checkpoint={checkpoint!r}: config.json is corrupt") from None
 
 
 def load_model(checkpoint: str = "", hf_dir: str = ""):

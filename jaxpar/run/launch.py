@@ -103,17 +103,27 @@ def _exit_code(rc: int) -> int:
 
 
 def precheck(cmd: list[str], n: int) -> None:
-    """Settings errors of a train/inspect/mesh command, found here once, before any process
-    starts: otherwise every rank would report the same error (or none would start right)."""
-    if cmd[0] not in ("train", "inspect", "mesh"):
-        return
+    """Settings and input errors of a command, found here once, before any process starts:
+    otherwise every rank would report the same error (or none would start right)."""
+    from gpt2common import hf
     from jaxpar import config as C
     from jaxpar.config import split_config_flag
     from jaxpar.parallel.mesh import mesh_size
-    from jaxpar.run.rundir import resolve_train
+    from jaxpar.run.rundir import resolve_train, run_config
 
     path, rest = split_config_flag(cmd[1:])
+    if cmd[0] in ("eval", "sample"):  # the model to load: a run dir's config.json, an HF dir's
+        kv = parse_kv(rest)
+        if kv.get("checkpoint"):
+            run_config(kv["checkpoint"])
+        if kv.get("hf"):
+            hf.load_hf_config(kv["hf"], "hf")
+        return
+    if cmd[0] not in ("train", "inspect", "mesh"):
+        return
     cfg = C.resolve(rest, path) if cmd[0] == "mesh" else resolve_train(parse_kv(rest), path, cmd[0] == "train")
+    if cfg.init and cmd[0] != "mesh":
+        hf.load_hf_config(cfg.init, "init")
     if cmd[0] == "train":
         _check_inputs(cfg)
     sizes = dataclasses.asdict(cfg.mesh)
@@ -123,20 +133,13 @@ def precheck(cmd: list[str], n: int) -> None:
 
 
 def _check_inputs(cfg) -> None:
-    """The inputs a train reads, checked without reading them whole: each rank would report the
-    same error (init=, plan=, init_state=), or process 0 alone while the others wait on it (data=)."""
+    """The inputs a train reads besides init=, checked without reading them whole: each rank would
+    report the same error (plan=, init_state=), or process 0 alone while the others wait on it (data=)."""
     from gpt2common import data as data_lib
-    from gpt2common import hf
-    from gpt2common.grammar import naming_key
     from jaxpar.planner.plan import load_plan
     from jaxpar.run.handoff import check_init_state
 
     data_lib.check_data(cfg.data, cfg.tokenizer, cfg.out)
-    if cfg.init:
-        try:
-            hf.model_config_from_hf(hf.cached_snapshot(cfg.init) or cfg.init)
-        except ConfigError as e:
-            raise ConfigError(naming_key(str(e), "init", cfg.init)) from None
     if cfg.plan and cfg.plan != "auto":
         load_plan(cfg.plan)
     check_init_state(cfg)

@@ -55,16 +55,20 @@ class _StopFlag:
             signal.signal(s, h)
 
 
+def shaped_by_init(cfg: Config, model_cfg) -> Config:
+    """cfg with the model of its `init=` weights. The shape comes from the weights; dropout is a
+    training choice (nanoGPT's from_pretrained override): model.dropout (default 0), never the HF
+    config's resid_pdrop (0.1 in OpenAI's GPT-2). The model section's checks run once more."""
+    model_cfg = dataclasses.replace(model_cfg, dropout=cfg.model.dropout)
+    return validate(dataclasses.replace(cfg, model=model_cfg, model_name=f"hf:{cfg.init}"))
+
+
 def prepare_config(cfg: Config) -> tuple[Config, ParallelLayout, dict | None]:
     """Resolve what depends on the machine and inputs: HF init weights, the layout. No writes."""
     init_params = None
     if cfg.init:
         model_cfg, init_params = hf.load_hf(cfg.init, "init")
-        # The shape comes from the weights; dropout is a training choice (nanoGPT's from_pretrained
-        # override): model.dropout (default 0), never the HF config's resid_pdrop (0.1 in OpenAI's GPT-2).
-        model_cfg = dataclasses.replace(model_cfg, dropout=cfg.model.dropout)
-        # the model section came from the weights: its checks run once more, on the new shape
-        cfg = validate(dataclasses.replace(cfg, model=model_cfg, model_name=f"hf:{cfg.init}"))
+        cfg = shaped_by_init(cfg, model_cfg)
     handoff.check_init_state(cfg)  # a state that cannot continue this run is refused before any write
     layout = resolve_layout(cfg, jax.device_count())  # every parallel decision, validated once
     for w in layout.warnings:

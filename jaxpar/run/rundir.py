@@ -80,6 +80,18 @@ def read_run_config(out: str) -> Config:
         raise ConfigError(f"resume=true but {path!r} is corrupt") from None
 
 
+def run_config(checkpoint: str) -> Config:
+    """The Config a run dir was trained with (its config.json), for the commands that read a
+    run (`checkpoint=`), or ConfigError. No JAX."""
+    try:
+        with open(os.path.join(checkpoint, CONFIG_FILE)) as f:
+            return C.from_dict(json.load(f))
+    except FileNotFoundError:
+        raise ConfigError(f"checkpoint={checkpoint!r} has no {CONFIG_FILE} (not a jaxpar run dir)") from None
+    except (json.JSONDecodeError, TypeError, ConfigError):
+        raise ConfigError(f"checkpoint={checkpoint!r}: {CONFIG_FILE} is corrupt") from None
+
+
 def _vocab_from_data(cfg: Config, given: dict) -> Config:
     """A prepared data dir whose vocab outgrows the preset's (a BPE corpus with model=gpt2-tiny)
     sets model.vocab_size to it, unless the user named model.vocab_size or init= (whose weights

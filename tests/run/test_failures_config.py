@@ -185,6 +185,15 @@ def test_launch_refuses_an_impossible_mesh_before_starting_anything(monkeypatch,
             launch.main(["nprocs=2", "--", "train", "model=gpt2-tiny", f"{key}={tmp_path / 'none'}",
                          f"out={tmp_path / 'run'}"])
         assert str(e.value) == f"{key}=" + line.format(str(tmp_path / "none"))
+    # the model eval / sample / inspect would load
+    none = str(tmp_path / "none")
+    for cmd, line in ((["eval", f"checkpoint={none}"], f"checkpoint={none!r} has no config.json (not a jaxpar run dir)"),
+                      (["sample", f"checkpoint={none}"], f"checkpoint={none!r} has no config.json (not a jaxpar run dir)"),
+                      (["eval", f"hf={none}", "data=x"], f"hf={none!r} is not an HF save_pretrained dir (no config.json)"),
+                      (["inspect", f"init={none}"], f"init={none!r} is not an HF save_pretrained dir (no config.json)")):
+        with pytest.raises(ConfigError) as e:
+            launch.main(["nprocs=2", "--", *cmd])
+        assert str(e.value) == line
     assert list(tmp_path.iterdir()) == []
 
 

@@ -168,3 +168,21 @@ def test_sigkill_resumes_from_last_complete_checkpoint(tmp_path):
     r = _resume(args, out)
     assert "resumed from step 10" in r.stdout
     assert losses(out) == losses(ref)
+
+
+def test_inspect_compiles_the_model_of_init(tmp_path):
+    """`jaxpar inspect init=DIR` (and `train dry_run=true`) reports the model train would build,
+    the HF dir's shape; it compiled the preset's instead and took a missing dir without a word."""
+    import dataclasses
+
+    from gpt2common import hf
+    from jaxpar.models import gpt2
+
+    mc = dataclasses.replace(PRESETS["gpt2-tiny"], n_layer=1, n_embd=48, n_head=3)
+    hf.save_hf(str(tmp_path / "hf"), mc, gpt2.init_params(mc, 0))
+    r = run(["inspect", f"init={tmp_path / 'hf'}", "train.seq_len=16", "train.batch_size=2"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith(f"inspect: hf:{tmp_path / 'hf'} ({mc.num_params():,} params), mesh "), r.stdout[:300]
+    r = run(["inspect", f"init={tmp_path / 'none'}"])
+    assert (r.returncode, r.stderr) == (2, f"error: init='{tmp_path / 'none'}' is not an HF save_pretrained dir "
+                                           "(no config.json)\n")
