@@ -146,7 +146,7 @@ def evaluate(argv: list[str]) -> int:
     from jaxpar.config import split_config_flag
 
     path, rest = split_config_flag(argv)
-    kv = parse_kv(rest, once=("checkpoint", "hf", "data"))
+    kv = parse_kv(rest, once=O.ONCE_KEYS["eval"])
     ckpt, hf_dir, data_arg = kv.pop("checkpoint", ""), kv.pop("hf", ""), kv.pop("data", "")
     if bool(ckpt) == bool(hf_dir):
         raise ConfigError("eval needs exactly one of checkpoint=<run dir> or hf=<dir>")
@@ -204,7 +204,7 @@ SAMPLE_KEYS = O.names(O.SampleOptions)
 
 def sample(argv: list[str]) -> int:
     """Generate from a run dir on one device, or on the mesh given by `mesh.*` / `pipeline.*`."""
-    kv = parse_kv(argv, once=SAMPLE_KEYS)
+    kv = parse_kv(argv, once=O.ONCE_KEYS["sample"])
     opts = {k: v for k, v in kv.items() if k in SAMPLE_KEYS}
     over = {k: v for k, v in kv.items() if k not in SAMPLE_KEYS}
     unknown = [k for k in over if not (k.startswith(("mesh.", "pipeline.")) or k == "precision")]

@@ -113,7 +113,9 @@ def precheck(cmd: list[str], n: int) -> None:
 
     path, rest = split_config_flag(cmd[1:])
     if cmd[0] in ("eval", "sample"):  # the model to load: a run dir's config.json, an HF dir's
-        kv = parse_kv(rest)
+        from jaxpar.run.options import ONCE_KEYS
+
+        kv = parse_kv(rest, once=ONCE_KEYS[cmd[0]])
         if kv.get("checkpoint"):
             run_config(kv["checkpoint"])
         if kv.get("hf"):

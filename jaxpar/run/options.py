@@ -74,3 +74,8 @@ class BisectOptions:
     a: str = setting("", "first run: 'jaxpar KEY=VALUE...' | 'torchref strategy=single [KEY=VALUE...]' | "
                          "'hf=DIR [KEY=VALUE...]' (required)")
     b: str = setting("", "second run, the reference, in the same grammar (required)")
+
+
+# The keys eval and sample take once (gpt2common.grammar.parse_kv's `once`: their inputs and options;
+# config overrides after them keep last-wins). prepare, convert and plot take every key once.
+ONCE_KEYS = {"eval": names(EvalOptions), "sample": names(SampleOptions)}

@@ -190,7 +190,8 @@ def test_launch_refuses_an_impossible_mesh_before_starting_anything(monkeypatch,
     for cmd, line in ((["eval", f"checkpoint={none}"], f"checkpoint={none!r} has no config.json (not a jaxpar run dir)"),
                       (["sample", f"checkpoint={none}"], f"checkpoint={none!r} has no config.json (not a jaxpar run dir)"),
                       (["eval", f"hf={none}", "data=x"], f"hf={none!r} is not an HF save_pretrained dir (no config.json)"),
-                      (["inspect", f"init={none}"], f"init={none!r} is not an HF save_pretrained dir (no config.json)")):
+                      (["inspect", f"init={none}"], f"init={none!r} is not an HF save_pretrained dir (no config.json)"),
+                      (["eval", "checkpoint=a", "checkpoint=b"], "checkpoint= given twice ('a' and 'b'); it takes one value")):
         with pytest.raises(ConfigError) as e:
             launch.main(["nprocs=2", "--", *cmd])
         assert str(e.value) == line
