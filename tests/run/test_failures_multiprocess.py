@@ -16,7 +16,15 @@ import sys
 import time
 
 import pytest
-from support.cli_helpers import children, clean_env, kill_rank1_of_bare_pair, listening, rank_of, wait_for_steps
+from support.cli_helpers import (
+    children,
+    clean_env,
+    kill_rank1_of_bare_pair,
+    listening,
+    rank_of,
+    run_bare_pair,
+    wait_for_steps,
+)
 
 TRAIN = ["train", "model=gpt2-tiny", "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "train.seq_len=16",
          "train.batch_size=2", "mesh.data=2", "train.steps=100000", "train.eval_every=0", "progress=plain"]
@@ -88,19 +96,8 @@ def test_data_only_process_0_reads_fails_as_one_line_from_it(tmp_path):
     """Bare ranks (srun / mpiexec, no launcher precheck), data= missing: process 0 prints the one
     line and exits 2; the other learns of it at once and exits 2 quietly (it waited on process 0
     until a 30 s gloo timeout and a traceback before)."""
-    from jaxpar.run.launch import free_port
-
-    env = clean_env(JAXPAR_COORDINATOR=f"127.0.0.1:{free_port()}", JAXPAR_NUM_PROCESSES="2")
-    argv = [*TRAIN, f"data={tmp_path / 'none.txt'}", f"out={tmp_path / 'run'}"]
-    procs = [subprocess.Popen([sys.executable, "-m", "jaxpar.cli", *argv], env={**env, "JAXPAR_PROCESS_ID": str(r)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    try:
-        errs = [p.communicate(timeout=120)[1] for p in procs]
-    finally:
-        for q in procs:
-            if q.poll() is None:
-                q.kill()
-    assert [p.returncode for p in procs] == [2, 2], errs
+    codes, errs = run_bare_pair([*TRAIN, f"data={tmp_path / 'none.txt'}", f"out={tmp_path / 'run'}"], timeout=120)
+    assert codes == [2, 2], errs
     assert errs == [f"error: data='{tmp_path / 'none.txt'}' does not exist\n", ""]
     assert list(tmp_path.iterdir()) == []
 
@@ -130,22 +127,9 @@ def test_a_peer_dead_before_the_first_step_leaves_no_coordination_logs(tmp_path)
     as its last, without the coordination service's ERROR lines (10 before). JAX's client may
     still print its own FATAL line first from its error-polling thread (about half the tries);
     no Python hook can stop it (jaxlib's missed-heartbeat callback takes no Python function)."""
-    from jaxpar.run.launch import free_port
-
-    out, port = tmp_path / "bare", free_port()
-    env = clean_env(JAXPAR_COORDINATOR=f"127.0.0.1:{port}", JAXPAR_NUM_PROCESSES="2", JAXPAR_HEARTBEAT_TIMEOUT="2",
-                    JAXPAR_FAULT_SIGNAL="SIGKILL@0@1")
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the CLI's own choice (an in-process CLI test may have set one here)
-    procs = [subprocess.Popen([sys.executable, "-m", "jaxpar.cli", *TRAIN, f"out={out}"], env={**env, "JAXPAR_PROCESS_ID": str(r)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    try:
-        _, err = procs[0].communicate(timeout=300)
-        assert procs[1].wait(timeout=60) == -signal.SIGKILL
-    finally:
-        for q in procs:
-            if q.poll() is None:
-                q.kill()
-    assert procs[0].returncode == 3, err[-3000:]
+    codes, (err, _) = run_bare_pair([*TRAIN, f"out={tmp_path / 'bare'}"], JAXPAR_HEARTBEAT_TIMEOUT="2",
+                                    JAXPAR_FAULT_SIGNAL="SIGKILL@0@1")
+    assert codes == [3, -signal.SIGKILL], err[-3000:]
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert re.fullmatch(r"error: process 0 lost contact with its peers \(.*heartbeat.*\); resume=true continues "
                         r"from the last complete checkpoint", lines[-1]), err[-3000:]
@@ -225,23 +209,9 @@ def test_a_peer_lost_during_a_checkpoint_is_one_line(tmp_path):
     checkpoint: rank 0's save fails in orbax's all-gather with a gloo ValueError, which was a
     40-line traceback and then JAX's abort; now the one "lost contact" line, exit 3, and the
     failed step never listed."""
-    from jaxpar.run.launch import free_port
-
     out = tmp_path / "run"
-    port = free_port()
-    env = lambda r: clean_env(JAXPAR_COORDINATOR=f"127.0.0.1:{port}", JAXPAR_NUM_PROCESSES="2",  # noqa: E731
-                              JAXPAR_PROCESS_ID=str(r), JAXPAR_FAULT_SIGNAL="SIGKILL@2@1")
-    procs = [subprocess.Popen([sys.executable, "-m", "jaxpar.cli", *TRAIN, "train.ckpt_every=2", f"out={out}"],
-                              env=env(r), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for r in range(2)]
-    try:
-        _, err = procs[0].communicate(timeout=300)
-        assert procs[1].wait(timeout=60) == -signal.SIGKILL
-    finally:
-        for q in procs:
-            if q.poll() is None:
-                q.kill()
-    assert procs[0].returncode == 3, err[-3000:]
+    codes, (err, _) = run_bare_pair([*TRAIN, "train.ckpt_every=2", f"out={out}"], JAXPAR_FAULT_SIGNAL="SIGKILL@2@1")
+    assert codes == [3, -signal.SIGKILL], err[-3000:]
     assert re.fullmatch(r"error: process 0 lost contact with its peers \(.*Gloo.*\); resume=true continues from "
                         r"the last complete checkpoint\n", err), err[-3000:]
     assert [n for n in os.listdir(out / "ckpt") if n.isdigit()] == []

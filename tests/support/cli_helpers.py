@@ -22,7 +22,9 @@ atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
 
 
 def clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    # TF_CPP_MIN_LOG_LEVEL: the CLI's own choice (2, or 3 in a rank of a job), not one an in-process
+    # CLI test left in this worker's environment
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL")}
     env.update({"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", "JAX_COMPILATION_CACHE_DIR": _XLA_CACHE,
                 "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"},
                **extra)
@@ -97,6 +99,24 @@ def rank_of(pid: int) -> int | None:
         return int(env[b"JAXPAR_PROCESS_ID"])
     except (OSError, KeyError, ValueError):
         return None
+
+
+def run_bare_pair(argv: list[str], timeout: float = 300, **env) -> tuple[list[int], list[str]]:
+    """Run `jaxpar <argv>` as two bare processes of one job on a free localhost port (as
+    srun/mpiexec would start them, no launcher), `env` added to both; wait for both.
+    Returns their (exit codes, stderrs), rank 0 first."""
+    from jaxpar.run.launch import free_port
+
+    base = clean_env(JAXPAR_COORDINATOR=f"127.0.0.1:{free_port()}", JAXPAR_NUM_PROCESSES="2", **env)
+    procs = [subprocess.Popen([sys.executable, "-m", "jaxpar.cli", *argv], env={**base, "JAXPAR_PROCESS_ID": str(r)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        errs = [p.communicate(timeout=timeout)[1] for p in procs]
+    finally:
+        for q in procs:
+            if q.poll() is None:
+                q.kill()
+    return [p.returncode for p in procs], errs
 
 
 def kill_rank1_of_bare_pair(argv: list[str], out, env_of_rank, min_steps: int = 1,
