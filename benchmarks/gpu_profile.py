@@ -6,10 +6,13 @@
 Builds the step exactly as benchmarks/gpu_mfu.py does, warms it up, traces `--steps` steps
 (`jax.profiler.trace(..., create_perfetto_trace=True)`) and reads the Chrome-format trace back:
 every complete event on the device's streams, summed by kernel name and by class (matmul,
-attention, copies, the rest), and every 'XLA Ops' event by HLO instruction (with the HLO text the
-trace carries), per step, next to the step's wall time. Kernel busy time below the wall time is
-time the GPU waited (host, launches, synchronisation). On a machine without a GPU it refuses:
-one line, exit 2 (tests/bench/test_bench_gpu_mfu.py tests the parser on a synthetic trace).
+attention, copies, the rest), per step, next to the step's wall time; then joined to the compiled
+step's HLO (benchmarks/hlo_join.py): each kernel's instruction (the trace's `hlo_op`), its bytes,
+GB/s and share of the memory's peak, and the line of jaxpar's source that traced it, with the
+time summed per source line. Kernel busy time below the wall time is time the GPU waited (host,
+launches, synchronisation). On a machine without a GPU it refuses: one line, exit 2
+(tests/bench/test_bench_gpu_mfu.py tests the reader on a synthetic trace, tests/bench/
+test_bench_hlo_join.py the join on a CPU trace of the real step).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gpu_mfu, also under runpy (gpu_session.sh)
 
+import hlo_join  # noqa: E402
 from gpu_mfu import preset_step, start_gpu, write_json  # noqa: E402
 
 # kernel-name fragments -> class; the first match wins (cuBLAS/CUTLASS gemms, cuDNN attention)
@@ -43,7 +47,7 @@ def kernel_class(name: str) -> str:
 
 def device_threads(trace: dict) -> dict[tuple, str]:
     """{(pid, tid): thread name} of the '/device:GPU:*' processes. Their 'Stream #..' threads hold
-    the kernels; the 'XLA Ops' thread the same time again, by HLO instruction."""
+    the kernels (an 'XLA Ops' thread, where a trace has one, the same time again)."""
     ev = trace["traceEvents"]
     gpu = {e["pid"] for e in ev if e.get("ph") == "M" and e.get("name") == "process_name"
            and "/device:GPU" in e["args"]["name"]}
@@ -72,13 +76,29 @@ def summarize(events: list[dict], steps: int, top: int = 40) -> dict:
             "top_ms": dict(by_name.most_common(top)), "events_per_step": len(events) / steps}
 
 
-def op_text(events: list[dict], names) -> dict[str, str]:
-    """The HLO text the trace carries for each of `names` (its 'long_name' argument), cut to 300 chars."""
-    out = {}
+# memory bandwidth by device kind (TB/s, vendor figures; the first fragment found wins)
+HBM_TBPS = (("H200", 4.8), ("H100 PCIe", 2.0), ("H100", 3.35), ("A100", 2.0))
+
+
+def hbm_tbps(device_kind: str) -> float | None:
+    return next((tb for frag, tb in HBM_TBPS if frag in device_kind), None)
+
+
+def times_by_op(events: list[dict], steps: int) -> dict[str, float]:
+    """ms per step by HLO instruction: each event's `args["hlo_op"]` where the trace gives it (a
+    cuBLAS or cuDNN kernel then counts under its custom-call), else the kernel's own name."""
+    out = collections.Counter()
     for e in events:
-        if e["name"] in names and e["name"] not in out:
-            out[e["name"]] = str(e.get("args", {}).get("long_name", ""))[:300]
-    return out
+        out[e.get("args", {}).get("hlo_op") or e["name"]] += e["dur"] / 1e3 / steps
+    return dict(out)
+
+
+def joined(events: list[dict], hlo_text: str, steps: int, hbm: float | None, top: int = 40) -> dict:
+    """The kernels' time joined to the compiled step (benchmarks/hlo_join.py): the `top` slowest
+    instructions with bytes, GB/s and source lines; ms per source line; ms the module does not name."""
+    rows = hlo_join.join(times_by_op(events, steps), hlo_join.parse_module(hlo_text), hbm)
+    return {"rows": rows[:top], "by_source_ms": hlo_join.by_source(rows),
+            "unjoined_ms": sum(r["ms"] for r in rows if r["hlo"] is None)}
 
 
 def main(argv=None) -> int:
@@ -96,6 +116,7 @@ def main(argv=None) -> int:
     import jax
 
     _, trainer, state, x, y = preset_step(args.model, args.batch, args.seq, args.attention)
+    hlo_text = trainer.step_fn.lower(state, x, y).compile().as_text()  # the executable the steps run
     for _ in range(3):  # compile and settle
         state, m = trainer.step_fn(state, x, y)
         float(m["loss"])
@@ -110,24 +131,27 @@ def main(argv=None) -> int:
     with gzip.open(path) as f:
         trace = json.load(f)
     threads = device_threads(trace)
-    kernels = summarize(complete_events(trace, threads, "Stream"), args.steps)
-    op_events = complete_events(trace, threads, "XLA Ops")
-    ops = summarize(op_events, args.steps)
-    ops["text"] = op_text(op_events, set(list(ops["top_ms"])[:25]))
-    report = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "model": args.model, "batch": args.batch,
+    streams = complete_events(trace, threads, "Stream")
+    kernels = summarize(streams, args.steps)
+    device = jax.devices()[0].device_kind
+    hlo = joined(streams, hlo_text, args.steps, hbm_tbps(device))
+    report = {"device": device, "jax": jax.__version__, "model": args.model, "batch": args.batch,
               "seq": args.seq, "attention": args.attention, "steps": args.steps, "wall_ms": wall,
               "xla_flags": os.environ.get("XLA_FLAGS", ""), "threads": sorted(set(threads.values())),
-              "kernels": kernels, "ops": ops}
-    print(f"{args.model} B={args.batch} T={args.seq} on {report['device']}: wall {wall:.1f} ms/step (traced), "
-          f"kernels busy {kernels['busy_ms']:.1f} ms/step ({kernels['events_per_step']:.0f}/step), "
-          f"XLA ops busy {ops['busy_ms']:.1f} ms/step; threads {report['threads']}")
+              "hbm_tbps": hbm_tbps(device), "kernels": kernels, "hlo": hlo}
+    print(f"{args.model} B={args.batch} T={args.seq} on {device}: wall {wall:.1f} ms/step (traced), "
+          f"kernels busy {kernels['busy_ms']:.1f} ms/step ({kernels['events_per_step']:.0f}/step); "
+          f"{hlo['unjoined_ms']:.1f} ms/step not named by the step's HLO")
     for c, ms in kernels["by_class_ms"].items():
         print(f"  {c:<10} {ms:8.2f} ms/step")
-    for n, ms in list(kernels["top_ms"].items())[:20]:
-        print(f"  {ms:8.2f}  {n[:110]}")
-    print("  by XLA op:")
-    for n, ms in list(ops["top_ms"].items())[:20]:
-        print(f"  {ms:8.2f}  {n[:40]:<40} {ops['text'].get(n, '')[:90]}")
+    print("  by HLO instruction (ms/step, GB/s upper bound, share of HBM peak, source):")
+    for r in hlo["rows"][:25]:
+        bw = f"{r['gb_per_s']:7.0f} {100 * r['hbm_share']:4.0f}%" if r.get("hbm_share") is not None else " " * 13
+        what = (r.get("sources") or [""])[0] if r["hlo"] else "(not in the module)"
+        print(f"  {r['ms']:8.2f}  {r['key'][:34]:<34} {bw}  {r.get('opcode', ''):<12} {what[:60]}")
+    print("  by source line:")
+    for src, ms in list(hlo["by_source_ms"].items())[:15]:
+        print(f"  {ms:8.2f}  {src}")
     write_json(report, args.out)
     return 0
 

@@ -50,10 +50,10 @@ def _x(pid, tid, ts, dur, name, **args):
 
 TRACE = {"traceEvents": [
     _meta("process_name", 1, "/device:GPU:0"), _meta("thread_name", 1, "Stream #14(Compute)", 7),
-    _meta("thread_name", 1, "XLA Ops", 8), _meta("process_name", 2, "/host:CPU"),
+    _meta("thread_name", 1, "XLA Ops", 8), _meta("process_name", 2, "/host:CPU"),  # XLA Ops: not kernels
     _meta("thread_name", 2, "python", 9),
     # 2 steps: a gemm overlapping a fusion (union 1500 us), then attention and a copy after a gap
-    _x(1, 7, 0, 1000, "nvjet_sm90_tst_128x128_NNT"), _x(1, 7, 500, 1000, "loop_add_fusion"),
+    _x(1, 7, 0, 1000, "nvjet_sm90_tst_128x128_NNT", hlo_op="custom-call.3"), _x(1, 7, 500, 1000, "loop_add_fusion"),
     _x(1, 7, 3000, 2000, "cudnn_generated_fort_native_sdpa_sm90_flash_bprop"), _x(1, 7, 6000, 400, "memcpy128"),
     _x(1, 8, 0, 1500, "fusion.1", long_name="fusion.1 = bf16[8] fusion(p0)"),
     _x(2, 9, 0, 99999, "host work"),  # not a device event
@@ -68,9 +68,12 @@ def test_trace_reader_sums_device_kernels_per_step():
     assert k["busy_ms"] == (1500 + 2000 + 400) / 1e3 / 2  # overlap counted once
     assert k["by_class_ms"] == {"attention": 1.0, "matmul": 0.5, "other": 0.5, "copy": 0.2}
     assert k["events_per_step"] == 2.0
-    ops = gpu_profile.complete_events(TRACE, threads, "XLA Ops")
-    assert gpu_profile.summarize(ops, steps=1)["top_ms"] == {"fusion.1": 1.5}
-    assert gpu_profile.op_text(ops, {"fusion.1"}) == {"fusion.1": "fusion.1 = bf16[8] fusion(p0)"}
+    # by HLO instruction: the library kernel under the custom-call the trace names, the rest by name
+    assert gpu_profile.times_by_op(gpu_profile.complete_events(TRACE, threads, "Stream"), steps=2) == {
+        "custom-call.3": 0.5, "loop_add_fusion": 0.5, "cudnn_generated_fort_native_sdpa_sm90_flash_bprop": 1.0,
+        "memcpy128": 0.2}
+    assert [gpu_profile.hbm_tbps(k) for k in ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H200", "Tesla T4")] \
+        == [3.35, 2.0, 4.8, None]
 
 
 def test_measure_times_steps_after_warmup_and_derives_mfu_from_the_median(monkeypatch):
