@@ -2,7 +2,7 @@
 side by side with the nanoGPT-style PyTorch step on the same shapes in the same run.
 
     python benchmarks/gpu_mfu.py [--models gpt2,gpt2-medium] [--batch 16,8] [--steps 10] [--warmup 3]
-                                 [--remat none] [--attention auto] [--torch compile|eager|off]
+                                 [--remat none] [--attention auto] [--vocab-chunks 1] [--torch compile|eager|off]
                                  [--out benchmarks/results/gpu_mfu.json]
 
 One timed step = the real `build_trainer` step (forward + backward + clip + AdamW, donated
@@ -47,6 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--remat", default="none", choices=("none", "selective", "full"))
     p.add_argument("--attention", default="auto", choices=("auto", "xla", "cudnn"))
+    p.add_argument("--vocab-chunks", type=int, default=1, help="train.vocab_chunks: the loss in this many token chunks")
     p.add_argument("--torch", default="compile", choices=("compile", "eager", "off"),
                    help="the PyTorch peer: torch.compile'd, eager, or not run")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu_mfu.json"))
@@ -72,7 +73,7 @@ def start_gpu(script: str, what: str) -> bool:
     return True
 
 
-def preset_step(model: str, batch: int, seq: int, attention: str = "auto", remat: str = "none"):
+def preset_step(model: str, batch: int, seq: int, attention: str = "auto", remat: str = "none", vocab_chunks: int = 1):
     """(cfg, trainer, state, x, y): the real bf16 `build_trainer` step of preset `model` on one
     device, seed-0 weights and a random (batch, seq) batch."""
     import dataclasses
@@ -87,7 +88,7 @@ def preset_step(model: str, batch: int, seq: int, attention: str = "auto", remat
 
     mc = dataclasses.replace(PRESETS[model], attention=attention)
     cfg = Config(model=mc, model_name=model, precision="bf16",
-                 train=TrainConfig(batch_size=batch, seq_len=seq, remat=remat))
+                 train=TrainConfig(batch_size=batch, seq_len=seq, remat=remat, vocab_chunks=vocab_chunks))
     trainer = build_trainer(build_layout(cfg, 1), devices=jax.devices()[:1])
     state = trainer.init_state(init_params(mc, 0))
     toks = np.random.default_rng(0).integers(0, mc.vocab_size, (batch, seq + 1)).astype(np.int32)
@@ -151,7 +152,7 @@ def torch_rows(pairs, args) -> list[dict]:
 def measure(model: str, batch: int, args) -> dict:
     from jaxpar.train import device_peak_flops
 
-    cfg, trainer, state, x, y = preset_step(model, batch, args.seq, args.attention, args.remat)
+    cfg, trainer, state, x, y = preset_step(model, batch, args.seq, args.attention, args.remat, args.vocab_chunks)
     mc = cfg.model
     times = []
     for i in range(args.warmup + args.steps):
@@ -165,6 +166,7 @@ def measure(model: str, batch: int, args) -> dict:
     peak = device_peak_flops(cfg)
     flops = mc.flops_per_token(args.seq) * tokens / med
     return {"model": model, "batch": batch, "seq": args.seq, "remat": args.remat, "attention": args.attention,
+            "vocab_chunks": args.vocab_chunks,
             "median_step_s": med, "times_s": times, "tokens_per_s": tokens / med, "tflops_per_s": flops / 1e12,
             "peak_tflops": peak / 1e12 if peak else None, "mfu": flops / peak if peak else None}  # None: GPU not in the table
 

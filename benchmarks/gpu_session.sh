@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU verification as one command, sized for 8 minutes on one H100:
 #   bash benchmarks/gpu_session.sh            (run from the repository root; writes under $OUT, default /tmp/gpu_out)
+#   bash benchmarks/gpu_session.sh levers     (env, flags, then only benchmarks/gpu_levers.py: 350M B8, each speed
+#                                              lever on and off, 300 s budget, $OUT/gpu_levers.json; about 6 minutes)
 # Steps, each with its own time limit, the most wanted figures first:
 #   env      (20 s)  GPU, driver, versions
 #   flags    (30 s)  does this jaxlib accept jaxpar's GPU XLA flags (an unknown flag aborts JAX's start-up)?
@@ -63,6 +65,13 @@ if ! step flags 30 probe; then
   step flags_again 20 probe || cat "$OUT/probe.txt"
 else
   cat "$OUT/probe.txt"
+fi
+
+if [ "${1:-}" = levers ]; then
+  # each lever is its own gpu_mfu.py process, which applies every GPU flag: a flag rejected above fails its levers
+  step levers 330 py benchmarks/gpu_levers.py --budget 300 --out "$OUT/gpu_levers.json"
+  echo "=== done ($(date -u +%T))"
+  exit 0
 fi
 
 step mfu 170 py benchmarks/gpu_mfu.py --out "$OUT/gpu_mfu.json"

@@ -15,7 +15,7 @@ import gpu_mfu  # noqa: E402
 import gpu_profile  # noqa: E402
 
 WHAT = {"gpu_mfu.py": "measures GPU MFU", "gpu_check.py": "compares the GPU attention paths",
-        "gpu_profile.py": "profiles the GPU step"}
+        "gpu_profile.py": "profiles the GPU step", "gpu_levers.py": "sweeps the GPU speed levers"}
 
 
 @pytest.mark.parametrize("script", sorted(WHAT))
