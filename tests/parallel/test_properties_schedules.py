@@ -83,9 +83,20 @@ def check_case(c: dict) -> dict:
     return {"case": c, "loss": [la, lb], "worst_grad_rel": worst}
 
 
+def run_drawn(prop, cases, fast: list[dict], slow: list[dict], n_examples: int) -> None:
+    """prop(c) over the `fast` examples, and with n_examples > 0 the `slow` ones and n_examples draws of
+    `cases` (hypothesis, fixed seed, no database, no deadline: each example compiles whole steps)."""
+    from hypothesis import Phase, example, given, settings
+
+    prop = given(c=cases)(prop)
+    for c in fast + (slow if n_examples else []):
+        prop = example(c=c)(prop)
+    phases = list(Phase) if n_examples else [Phase.explicit]
+    settings(max_examples=max(n_examples, 1), phases=phases, deadline=None, derandomize=True, database=None)(prop)()
+
+
 def _property(n_examples: int, no_dropout_loss: bool) -> dict:
     _setup()
-    from hypothesis import Phase, example, given, settings
     from hypothesis import strategies as st
 
     ran = []
@@ -102,16 +113,7 @@ def _property(n_examples: int, no_dropout_loss: bool) -> dict:
                 "fsdp": fsdp, "dropout": draw(st.sampled_from([0.0, 0.1])),
                 "gather": draw(st.sampled_from(["step", "layer"]))}
 
-    def prop(c):
-        ran.append(check_case(c))
-
-    prop = given(c=cases())(prop)
-    for c in FAST_EXAMPLES + (SLOW_EXAMPLES if n_examples else []):
-        prop = example(c=c)(prop)
-    phases = list(Phase) if n_examples else [Phase.explicit]
-    prop = settings(max_examples=max(n_examples, 1), phases=phases, deadline=None, derandomize=True,
-                    database=None)(prop)
-    prop()
+    run_drawn(lambda c: ran.append(check_case(c)), cases(), FAST_EXAMPLES, SLOW_EXAMPLES, n_examples)
     out = {"cases": ran}
     if no_dropout_loss:  # the explicit case without dropout: the masks change the loss
         out["no_dropout"] = check_case({**FAST_EXAMPLES[0], "dropout": 0.0})["loss"]
