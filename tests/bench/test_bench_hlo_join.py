@@ -99,12 +99,13 @@ def cpu_trace(tmp_path_factory):
     from gpu_mfu import preset_step
 
     _, trainer, state, x, y = preset_step("gpt2-tiny", 2, 32)
-    text = trainer.step_fn.lower(state, x, y).compile().as_text()
-    state, m = trainer.step_fn(state, x, y)
+    step = trainer.step_fn.lower(state, x, y).compile()  # one compile, as gpu_profile.py
+    text = step.as_text()
+    state, m = step(state, x, y)
     float(m["loss"])
     logdir = str(tmp_path_factory.mktemp("trace"))
     with jax.profiler.trace(logdir, create_perfetto_trace=True):
-        state, m = trainer.step_fn(state, x, y)
+        state, m = step(state, x, y)
         float(m["loss"])
     with gzip.open(sorted(glob.glob(os.path.join(logdir, "**", "*.trace.json.gz"), recursive=True))[-1]) as f:
         events = json.load(f)["traceEvents"]
@@ -123,3 +124,21 @@ def test_every_traced_instruction_of_the_real_step_joins_to_its_source(cpu_trace
     assert any(src.endswith("token_nll") for src in out["by_source_ms"])
     dots = [r for r in out["rows"] if "dot" in r["opcode"] or "dot" in r.get("ops", {})]
     assert dots and all(r["bytes"] > 0 and r["sources"] for r in dots)
+
+
+def test_gpu_profile_main_reports_the_join(monkeypatch, tmp_path, capsys):
+    """gpu_profile.main end to end on CPU: the GPU check stood in, the CPU thunks standing for the
+    stream's kernels; the report and the JSON carry the joined rows."""
+    monkeypatch.setattr(gpu_profile, "start_gpu", lambda *a: True)
+    monkeypatch.setattr(gpu_profile, "complete_events", lambda trace, threads, which: [
+        e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("args", {}).get("hlo_module") == "jit_train_step"])
+    out = tmp_path / "prof.json"
+    assert gpu_profile.main(["--model", "gpt2-tiny", "--batch", "2", "--seq", "32", "--steps", "2",
+                             "--out", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["hbm_tbps"] is None and rep["hlo"]["unjoined_ms"] == 0.0 and len(rep["hlo"]["rows"]) == 40
+    # busy: the union of the events' spans (CPU thunks overlap across threads), at most their sum
+    assert 0 < rep["kernels"]["busy_ms"] <= sum(rep["kernels"]["by_class_ms"].values()) + 1e-9
+    text = capsys.readouterr().out
+    assert "ms/step not named by the step's HLO" in text and "  by source line:" in text
+    assert sum(1 for line in text.splitlines() if "LayerNorm.__call__" in line) >= 1
