@@ -37,3 +37,21 @@ def test_the_mfu_line_and_the_speedup_are_printed_and_written(tmp_path):
     (j,), (t,), (s,) = rep["rows"], rep["torch_rows"], rep["side_by_side"]
     assert t["device"] == "cuda" and 0 < j["mfu"] < 1 and 0 < t["mfu"] < 1
     assert s["speedup"] == t["median_step_s"] / j["median_step_s"]
+
+
+def test_the_profile_joins_the_kernels_to_the_compiled_step(tmp_path):
+    """benchmarks/gpu_profile.py on the same small shape: the GPU trace names each kernel's HLO
+    instruction (cuBLAS gemms under their custom-call), so nearly all kernel time joins to the step
+    and the matmuls to jaxpar's einsum/linear lines."""
+    out = tmp_path / "prof.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), "--model", "gpt2", "--batch", "4",
+                        "--seq", "256", "--steps", "2", "--out", str(out)],
+                       capture_output=True, text=True, env=gpu_env(), timeout=180, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    print(r.stdout)
+    rep = json.loads(out.read_text())
+    busy, hlo = rep["kernels"]["busy_ms"], rep["hlo"]
+    assert hlo["unjoined_ms"] <= 0.1 * sum(rep["kernels"]["by_class_ms"].values()), hlo["unjoined_ms"]
+    matmuls = [row for row in hlo["rows"] if row["hlo"] and ("custom-call" in row["opcode"] or "dot" in row["ops"])]
+    assert matmuls and any(s.startswith("precision.py") for row in matmuls for s in row["sources"]), matmuls[:3]
+    assert busy > 0 and rep["hbm_tbps"] in (None, 2.0, 3.35, 4.8)
