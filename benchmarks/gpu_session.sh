@@ -31,9 +31,10 @@ step() {
   return $rc
 }
 
-# py SCRIPT ARGS...: a benchmark with the GPU XLA flags this jaxlib rejected ($BAD) left out
+# py SCRIPT ARGS...: a benchmark with the GPU XLA flags this jaxlib rejected ($BAD) left out. The benchmarks
+# share a persistent compilation cache: the profile's and the levers' base 350M step are gpu_mfu's, compiled once
 py() {
-  python3 -c 'import runpy, sys
+  JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jaxpar_gpu_cache} python3 -c 'import runpy, sys
 import jaxpar.run.xla_flags as x
 bad = set(filter(None, sys.argv[1].split(",")))
 x.GPU_FLAGS = tuple(f for f in x.GPU_FLAGS if f.split("=")[0] not in bad)
