@@ -69,6 +69,9 @@ def mesh_shape(mesh) -> dict[str, int]:
 # ----------------------------------------------------------------------------- CPU emulation
 
 
+MAX_EMULATED = 4096  # CPU devices one process emulates; a GPU node has at most a few dozen devices
+
+
 def emulate_host_devices(n: int) -> None:
     """Ask XLA for `n` CPU devices. Must run before JAX initialises its backends (no effect
     afterwards). GPU/TPU backends ignore this flag."""
@@ -93,6 +96,9 @@ def emulate_devices_for(mc: MeshConfig, env=None) -> int:
         raise ConfigError(f"mesh {shown_sizes(dataclasses.asdict(mc))} ({n} devices) cannot be split evenly over "
                           f"{nprocs} processes")
     per = n // nprocs
+    if per > MAX_EMULATED:  # XLA aborts on a count past 2^31 - 1, and hangs creating a million
+        raise ConfigError(f"mesh {shown_sizes(dataclasses.asdict(mc))} needs {per} devices per process; at most "
+                          f"{MAX_EMULATED} CPU devices can be emulated in one process")
     if per > 1 or "xla_force_host_platform_device_count" in env.get("XLA_FLAGS", ""):
         emulate_host_devices(per)
         return per

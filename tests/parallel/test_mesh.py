@@ -137,6 +137,22 @@ def test_emulate_devices_per_process(monkeypatch):
         M.emulate_devices_for(MeshConfig(data=3), {"PMI_SIZE": "2"})
 
 
+def test_a_mesh_past_the_emulation_cap_is_refused_before_xla_sees_it(monkeypatch):
+    """2^31 devices made XLA abort on its flag (a page of flag help), a million hung creating them.
+    Boundaries: the cap itself is emulated, one more per process is not; 2 processes halve it."""
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+    assert M.emulate_devices_for(MeshConfig(data=M.MAX_EMULATED), {"XLA_FLAGS": ""}) == 4096
+    assert M.emulate_devices_for(MeshConfig(data=2 * M.MAX_EMULATED), {"PMI_SIZE": "2"}) == 4096
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+    for mc in (MeshConfig(data=4097), MeshConfig(data=2**31, tensor=2)):
+        with pytest.raises(ConfigError) as e:
+            M.emulate_devices_for(mc, {"XLA_FLAGS": ""})
+        n = mc.data * mc.tensor
+        assert str(e.value) == (f"mesh data={mc.data}×fsdp=1×tensor={mc.tensor}×pipe=1 needs {n} devices per process; "
+                                "at most 4096 CPU devices can be emulated in one process")
+    assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x"  # untouched
+
+
 def test_emulate_one_device_mesh_overrides_a_users_device_count(monkeypatch):
     """A mesh of 1 (no -1) with the user's own count of 8 in XLA_FLAGS: the flag is rewritten to 1,
     or build_mesh would meet 8 devices and refuse the silent subset. Reference: the mesh size, 1."""
@@ -244,12 +260,15 @@ def _cli(*args, env_extra=None):
      "error: train.batch_size=6 is not divisible by mesh.data×mesh.fsdp×train.grad_accum=4×1×1"),
     (["launch", "nprocs=2", "--", "train", "model=gpt2-tiny", "mesh.data=3"],
      "error: mesh data=3×fsdp=1×tensor=1×pipe=1 (3 devices) cannot be split evenly over 2 processes"),
+    # XLA aborted on its device-count flag with a page of flag help
+    (["mesh", "mesh.data=2147483648"], "error: mesh data=2147483648×fsdp=1×tensor=1×pipe=1 needs 2147483648 "
+     "devices per process; at most 4096 CPU devices can be emulated in one process"),
 ])
 def test_cli_errors_exit_2_with_one_line(args, line):
     r = _cli(*args)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert line in err, r.stderr
+    assert err == [line], r.stderr
     assert "Traceback" not in r.stderr
 
 
