@@ -40,6 +40,8 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if not isinstance(sys.stdout, _ClosedStdoutIgnored):  # help too: `jaxpar --help | true`
+        sys.stdout = _ClosedStdoutIgnored(sys.stdout)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0
@@ -52,8 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in own):
         print(help_text.command_help(cmd))
         return 0
-    if not isinstance(sys.stdout, _ClosedStdoutIgnored):
-        sys.stdout = _ClosedStdoutIgnored(sys.stdout)
     # XLA's C++ logs: no INFO / WARNING lines; in a multi-process job no ERROR lines either. Those are
     # the coordination service's reports of a dead peer (a page of them, racing our one
     # `lost contact` line, jaxpar.run.loop); their content reaches Python as the failed

@@ -91,3 +91,19 @@ def test_help_as_a_user_runs_it_exits_0_without_importing_jax():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "train.ckpt_every" in r.stdout and r.stderr == ""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["plan", "-h"]])
+def test_help_into_a_closed_pipe_exits_0_quietly(argv):
+    """`jaxpar --help | true`: the reader is gone before help is written. The help paths printed
+    before the CLI's closed-pipe guard was in place: a BrokenPipeError traceback, exit 1."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # every write to `write` now fails with EPIPE
+    try:
+        r = subprocess.run([sys.executable, "-m", "jaxpar.cli", *argv], stdout=write, stderr=subprocess.PIPE,
+                           text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (0, "")
