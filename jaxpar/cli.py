@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 from gpt2common import writes
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     xla_flags.apply_gpu_defaults()  # collective-overlap flags on GPU, before JAX starts
     host_memory.keep_freed_memory()  # no per-step page faults on XLA:CPU's buffers, before JAX starts
     module, func = COMMANDS[cmd].split(":")
+    restore = _note_interrupts()
     try:
         return int(getattr(importlib.import_module(module), func)(rest) or 0)
     except ConfigError as e:
@@ -78,6 +80,47 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _error_line("interrupted")
         return 130
+    finally:
+        restore()
+
+
+class _Interrupt:
+    """The CLI's SIGINT handler until a run installs its own (jaxpar.run.loop._StopFlag): Python's
+    KeyboardInterrupt, plus a note of the signal in `received`. A KeyboardInterrupt raised while
+    a gc callback runs (JAX's `_xla_gc_callback`, at any collection after JAX is imported) is
+    printed as "Exception ignored" and lost, and the run went on to its last step; the run's
+    handler finds the note and stops at the first step boundary instead."""
+
+    def __init__(self):
+        self.received: list[int] = []
+
+    def __call__(self, signum, frame):
+        self.received.append(signum)
+        raise KeyboardInterrupt
+
+
+def _note_interrupts():
+    """Install a fresh _Interrupt for this command (main thread, Python's own handler in place), and
+    an unraisable hook that drops the lost KeyboardInterrupt's "Exception ignored" traceback (the
+    note carries it). Returns the function that puts both back."""
+    import threading
+
+    old, old_hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
+    if threading.current_thread() is not threading.main_thread() or \
+            (old is not signal.default_int_handler and not isinstance(old, _Interrupt)):
+        return lambda: None
+
+    def unraisable(u):
+        if not issubclass(u.exc_type, KeyboardInterrupt):
+            old_hook(u)
+
+    signal.signal(signal.SIGINT, _Interrupt())
+    sys.unraisablehook = unraisable
+
+    def restore():
+        signal.signal(signal.SIGINT, old)
+        sys.unraisablehook = old_hook
+    return restore
 
 
 class _ClosedStdoutIgnored:

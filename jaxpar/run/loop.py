@@ -45,6 +45,8 @@ class _StopFlag:
     def __enter__(self):
         for s in (signal.SIGTERM, signal.SIGINT):
             self._old[s] = signal.signal(s, self._handle)
+        # a SIGINT the CLI's handler noted whose KeyboardInterrupt was lost (jaxpar.cli._Interrupt)
+        self.signum = next(iter(getattr(self._old[signal.SIGINT], "received", [])), None)
         return self
 
     def _handle(self, signum, frame):

@@ -75,3 +75,59 @@ def test_a_signal_at_a_random_moment_leaves_one_complete_checkpoint(tmp_path, se
     assert steps(out) == list(range(1, k + 1))
     assert max(int(n) for n in os.listdir(out / "ckpt") if n.isdigit()) == k
     assert {"params", "opt_state", "meta"} <= set(os.listdir(out / "ckpt" / str(k)))
+
+
+LOST_INTERRUPT = """
+import gc, os, signal, sys
+from jaxpar import cli
+from jaxpar.run import loop
+
+real = loop.prepare_config
+
+
+def prepare(cfg):  # a Ctrl-C that lands while a gc callback runs, as JAX's _xla_gc_callback does
+    fired = []
+
+    def callback(phase, info):
+        if not fired:
+            fired.append(1)
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the handler runs here, inside the callback: its exception is lost
+                pass
+
+    gc.callbacks.append(callback)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(callback)
+    return real(cfg)
+
+
+loop.prepare_config = prepare
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_ctrl_c_lost_in_a_gc_callback_still_stops_the_run(tmp_path):
+    """A SIGINT whose KeyboardInterrupt is raised inside a gc callback is printed as "Exception
+    ignored" and swallowed: the run went on to its last step (5 of 5). The CLI's handler notes the
+    signal, so the run stops at its first boundary with a checkpoint, and no traceback is shown."""
+    out = tmp_path / "r"
+    r = subprocess.run([sys.executable, "-c", LOST_INTERRUPT, "train", *TINY, "train.steps=5", f"out={out}"],
+                       capture_output=True, text=True, timeout=300, env=clean_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr == ""
+    assert r.stdout.splitlines()[-1] == f"stopped by SIGINT after step 0; checkpoint saved to {out}/ckpt/0; " \
+                                        "continue with resume=true"
+    assert sorted(os.listdir(out / "ckpt")) == ["0"]
+
+
+def test_the_cli_gives_back_sigint_and_the_unraisable_hook(capsys):
+    """cli.main installs its noting SIGINT handler and quiet unraisable hook for one command only:
+    a program that calls it in-process gets its own back, after a refused command too."""
+    from jaxpar import cli
+
+    before = (signal.getsignal(signal.SIGINT), sys.unraisablehook)
+    assert cli.main(["train", "train.steps=x"]) == 2
+    assert capsys.readouterr().err == "error: train.steps='x' is not an integer\n"
+    assert (signal.getsignal(signal.SIGINT), sys.unraisablehook) == before

@@ -79,6 +79,17 @@ MUTANTS: list[Mutant] = [
            "a rank of a multi-process job prints the coordination service's page of ERROR lines before its "
            "one `lost contact` line",
            (T + "run/test_failures_multiprocess.py::test_a_rank_of_a_job_keeps_xlas_error_logs_off_its_stderr",)),
+    Mutant("cli_help_before_pipe_guard", "cli", "jaxpar/cli.py",
+           "    if not isinstance(sys.stdout, _ClosedStdoutIgnored):  # help too",
+           "    if argv and argv[0] not in ('-h', '--help', 'help') and '-h' not in argv and '--help' not in argv and "
+           "not isinstance(sys.stdout, _ClosedStdoutIgnored):  # help too",
+           "`jaxpar --help | true` prints a BrokenPipeError traceback and exits 1",
+           (T + "test_help.py::test_help_into_a_closed_pipe_exits_0_quietly",)),
+    Mutant("loop_lost_interrupt_ignored", "cli", "jaxpar/run/loop.py",
+           'self.signum = next(iter(getattr(self._old[signal.SIGINT], "received", [])), None)',
+           "self.signum = None",
+           "a Ctrl-C whose KeyboardInterrupt a gc callback swallowed is lost: the run trains to its last step",
+           (T + "run/test_failures_stop.py::test_a_ctrl_c_lost_in_a_gc_callback_still_stops_the_run",)),
     Mutant("cli_skips_host_memory", "host-memory", "jaxpar/cli.py",
            "    host_memory.keep_freed_memory()  # no per-step",
            "    pass  # no per-step",
