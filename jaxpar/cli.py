@@ -119,7 +119,8 @@ def _note_interrupts():
 
     def restore():
         signal.signal(signal.SIGINT, old)
-        sys.unraisablehook = old_hook
+        if sys.unraisablehook is unraisable:  # not a filter installed on top for the rest of the process
+            sys.unraisablehook = old_hook
     return restore
 
 

@@ -217,18 +217,56 @@ def _restore_step(ck: Checkpointer, step: int, abstract_params, abstract_opt_sta
     return Restored(int(meta.get("step", step)), r["params"], r.get("opt_state"), meta)
 
 
+ORBAX_SRC = f"{os.sep}orbax{os.sep}checkpoint{os.sep}"  # in the file names of orbax's code
+
+
+def _orbax_read_failure(exc) -> bool:
+    """A read that failed in orbax's code: orbax's "Encountered error while reading array index"
+    or tensorstore's "Error reading ..." (a write's failure never says "reading"), raised through
+    a frame of orbax."""
+    if exc is None or "reading" not in str(exc):
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        if ORBAX_SRC in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _orphaned_read_error(u) -> bool:
+    """An unraisable exception of a failed restore's other reads (see _drop_orphaned_read_errors)."""
+    if isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed":
+        return True
+    return _orbax_read_failure(u.exc_value)  # one of orbax's coroutines, finalised with its error
+
+
+class _OrphanedReadTasks(logging.Filter):
+    """asyncio's "<Task or _GatheringFuture> exception was never retrieved" record for a read of
+    orbax's that failed: the other forms the same orphaned failure takes (_drop_orphaned_read_errors)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not ("exception was never retrieved" in record.getMessage() and _orbax_read_failure(exc))
+
+
 def _drop_orphaned_read_errors() -> None:
-    """When a restore fails, tensorstore reads of the step's other arrays are still in flight;
+    """When a restore fails, tensorstore reads of the step's other arrays are still in flight.
     orbax has already closed the event loop they report to, so each completion raises
-    RuntimeError('Event loop is closed') inside a callback and Python prints it as an
-    unraisable-exception traceback. Those reads' results are unwanted: drop exactly that error
-    (for the rest of the process, as the callbacks can fire at any time) and pass on the rest."""
+    RuntimeError('Event loop is closed') inside a callback; and each of orbax's read coroutines
+    that failed too is finalised with its error unretrieved, or asyncio logs its task or gathering
+    future as never retrieved. Each is printed with its traceback (up to 860 lines for one damaged
+    gpt2-tiny step). The failure is already the step's one-line reason: drop exactly these (for
+    the rest of the process, as the callbacks can fire at any time) and pass on the rest."""
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _OrphanedReadTasks) for f in asyncio_log.filters):
+        asyncio_log.addFilter(_OrphanedReadTasks())
     prev = sys.unraisablehook
     if getattr(prev, "_jaxpar_filter", False):
         return
 
     def hook(u):
-        if not (isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"):
+        if not _orphaned_read_error(u):
             prev(u)
 
     hook._jaxpar_filter = True
