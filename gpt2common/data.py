@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2common.grammar import ConfigError
+from gpt2common.outdir import make_out
 from gpt2common.writes import write_atomic
 
 BUILTIN_CORPUS = "tinyshakespeare"  # shipped gzipped inside the package; works offline
@@ -170,7 +171,7 @@ def prepare(text: str | bytes, out_dir: str, tokenizer: str = "byte", source: st
         raise ConfigError(f"{key}={source!r} gives {len(ids)} tokens ({len(ids) - n_val} train, {n_val} val); "
                           f"each split needs at least {need}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    make_out(out_dir)  # a refusal check_writable cannot foresee (/proc) is one line
     # Write to temp names and rename, so a crash never leaves a half-written prepared dir.
     for name, arr in (("train.bin", ids[:-n_val]), ("val.bin", ids[-n_val:])):
         write_atomic(out / name, arr.astype("<u2").tobytes())  # numpy's tofile loses the errno of a short write

@@ -45,11 +45,13 @@ def hf_config_dict(cfg: ModelConfig) -> dict:
 
 def model_config_from_hf(path: str) -> ModelConfig:
     try:
-        with open(os.path.join(path, "config.json")) as f:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
             c = json.load(f)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # NotADirectoryError: init= / hf= names a file
         raise ConfigError(f"{path!r} is not an HF save_pretrained dir (no config.json)") from None
-    except json.JSONDecodeError:
+    except OSError as e:  # a directory named config.json, no read permission
+        raise ConfigError(f"{path!r}: config.json cannot be read ({e.strerror})") from None
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError (not UTF-8)
         raise ConfigError(f"{path!r}: config.json is corrupt") from None
     if not isinstance(c, dict):  # valid JSON but not an object: c.get was an AttributeError traceback
         raise ConfigError(f"{path!r}: config.json is corrupt")
@@ -60,10 +62,13 @@ def model_config_from_hf(path: str) -> ModelConfig:
             raise ConfigError(f"{path!r}: config.json has no positive integer {k} (got {c.get(k)!r})")
     if c.get("activation_function", "gelu_new") != "gelu_new" or c.get("n_inner") not in (None, 4 * c["n_embd"]):
         raise ConfigError(f"{path!r}: only GPT-2 with gelu_new and n_inner=4*n_embd is supported")
+    eps = c.get("layer_norm_epsilon", 1e-5)
+    if type(eps) not in (int, float) or not 0 < eps < float("inf"):  # "x" was a ValueError traceback in float()
+        raise ConfigError(f"{path!r}: config.json has no positive number layer_norm_epsilon (got {eps!r})")
     # The HF dir's resid/embd/attn_pdrop (0.1 in OpenAI's GPT-2) is not inherited: dropout is a training
     # choice, the run's model.dropout (default 0), as nanoGPT's from_pretrained override does.
     mc = ModelConfig(n_layer=c["n_layer"], n_embd=c["n_embd"], n_head=c["n_head"], vocab_size=c["vocab_size"],
-                     n_positions=c["n_positions"], layer_norm_epsilon=float(c.get("layer_norm_epsilon", 1e-5)))
+                     n_positions=c["n_positions"], layer_norm_epsilon=float(eps))
     try:  # whole heads, ids that fit uint16: a reshape or an index error later otherwise
         check_shape(mc)
     except ConfigError as e:

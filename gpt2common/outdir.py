@@ -4,6 +4,7 @@ own resume rules) and `torchref train`."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import sys
@@ -17,6 +18,8 @@ def check_writable(out: str, key: str = "out") -> None:
         out.encode("utf-8")
     except UnicodeEncodeError:
         raise ConfigError(f"{key}={out!r} is not valid UTF-8; choose a path that is") from None
+    if not out:  # abspath would make it the current dir (prepare out= wrote there); the line make_out gives it
+        raise ConfigError(f"{key}='' cannot be created ({os.strerror(errno.ENOENT)})")
     path = os.path.abspath(out)
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"{key}={out!r} exists and is not a directory")
@@ -29,12 +32,14 @@ def check_writable(out: str, key: str = "out") -> None:
         raise ConfigError(f"{key}={out!r} cannot be created or written: {parent!r} is not writable")
 
 
-def make_out(out: str) -> None:
-    """The run's first write; a filesystem refusal (read-only, /proc, ...) is a one-line error."""
+def make_out(out: str, key: str = "out", given: str | None = None) -> None:
+    """Create the directory `out`, the first write of a run or an export. A refusal check_writable
+    cannot foresee (a read-only mount, /proc, ...) is a one-line error naming `key` and the path as
+    given (`given` where `out` stands in for it: a state dir is first written as `<given>.tmp`)."""
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"out={out!r} cannot be created ({e.strerror})") from None
+        raise ConfigError(f"{key}={(out if given is None else given)!r} cannot be created ({e.strerror})") from None
 
 
 # ----------------------------------------------------------------------------- one writer per out

@@ -87,19 +87,22 @@ def manifest_dict(*, written_by: str, model: ModelConfig, train: Any, seed: int,
     }
 
 
-def write_state(path: str, manifest: dict, params: dict, exp_avg: dict, exp_avg_sq: dict, hf_config: dict) -> None:
+def write_state(path: str, manifest: dict, params: dict, exp_avg: dict, exp_avg_sq: dict, hf_config: dict,
+                key: str = "out") -> None:
     """Write a state dir at `path` (which `check_target` accepted): every file goes into
     `<path>.tmp` first, renamed to `path` once complete, so a reader never sees half a state.
-    params / exp_avg / exp_avg_sq: {HF name: fp32 array}, the same names and shapes."""
+    params / exp_avg / exp_avg_sq: {HF name: fp32 array}, the same names and shapes. `key`: the
+    key `path` was given by (to_state=; torchref's states are dirs of its out=), for errors."""
     from safetensors.numpy import save
 
+    from gpt2common.outdir import make_out
     from gpt2common.writes import write_atomic
 
     if set(params) != set(exp_avg) or set(params) != set(exp_avg_sq):
         raise ValueError("the moments must have the weights' names")
     tmp = path.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    make_out(tmp, key, given=path)  # a refusal check_target cannot foresee (/proc) is one line
     f32 = lambda v: np.ascontiguousarray(np.asarray(v, dtype=np.float32))  # noqa: E731
     blobs = {MODEL_FILE: save({k: f32(v) for k, v in params.items()}, metadata={"format": "pt"}),
              OPTIMIZER_FILE: save({**{MU + k: f32(v) for k, v in exp_avg.items()},

@@ -11,6 +11,8 @@ import dataclasses
 import enum
 import importlib.util
 import json
+import math
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -190,6 +192,10 @@ def validate(cfg: Config) -> Config:
     check_shape(m)
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
+    # LayerNorm divides by sqrt(var + eps): eps <= 0 gives NaN (or inf) from step 1, which the run
+    # would blame on train.lr. NaN also reaches here from an HF config.json (json reads NaN).
+    if not (m.layer_norm_epsilon > 0 and math.isfinite(m.layer_norm_epsilon)):
+        raise ConfigError(f"model.layer_norm_epsilon={m.layer_norm_epsilon} must be positive and finite")
     if m.attention not in ATTENTIONS:
         raise ConfigError(f"model.attention={m.attention!r} must be one of {', '.join(ATTENTIONS)}")
     if m.attention != "auto" and m.dropout > 0:
@@ -202,7 +208,7 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be positive")
     if t.steps >= 2**31:  # the state's step counter is int32
         raise ConfigError(f"train.steps={t.steps} must be < 2**31")
-    for name in ("eval_every", "ckpt_every", "ckpt_minutes", "warmup_steps", "eval_batches"):
+    for name in ("eval_every", "ckpt_every", "ckpt_minutes", "warmup_steps"):  # 0: off (or no warmup)
         if getattr(t, name) < 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be >= 0")
     remat = REMAT_ALIASES.get(str(t.remat).lower(), str(t.remat).lower())
@@ -211,7 +217,8 @@ def validate(cfg: Config) -> Config:
     if remat != t.remat:
         t = replace(t, remat=remat)
         cfg = replace(cfg, train=t)
-    for name in ("vocab_chunks", "mlp_chunks", "keep_checkpoints"):
+    # eval_batches=0 would average over no batch (ZeroDivisionError at the first eval); eval_every=0 turns eval off
+    for name in ("vocab_chunks", "mlp_chunks", "keep_checkpoints", "eval_batches"):
         if getattr(t, name) <= 0:
             raise ConfigError(f"train.{name}={getattr(t, name)} must be positive")
     if t.seq_len % t.vocab_chunks:
@@ -272,7 +279,24 @@ def resolve_kv(kv: dict[str, Any], config_file: str | None = None, base: Config 
         file_kv = load_yaml(config_file)
     if file_kv:
         cfg = apply_overrides(cfg, file_kv)
-    return validate(apply_overrides(cfg, kv))
+    return _absolute_data(validate(apply_overrides(cfg, kv)), base)
+
+
+def _absolute_data(cfg: Config, base: Config | None) -> Config:
+    """`data=` as a path that means the same from any working directory: a run records it in its
+    config.json, and resume=true, eval and sample may start elsewhere (a relative path then names
+    nothing, or another dataset). A new config's relative path is made absolute when it exists here
+    (a missing one stays as typed, for the error that names it). Over a `base` (resume=true: the
+    run's config.json) a given relative path is made absolute only when the base's is, so that
+    resume compares the two as absolute paths; an older run's recorded relative path stays as it
+    was and is compared as before. "" (the built-in corpus) is not a path."""
+    if not cfg.data or os.path.isabs(cfg.data):
+        return cfg
+    if base is None and not os.path.exists(cfg.data):
+        return cfg
+    if base is not None and not os.path.isabs(base.data):
+        return cfg
+    return replace(cfg, data=os.path.abspath(cfg.data))
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -48,6 +48,8 @@ def test_to_from_dict_round_trip():
     (["pipeline.schedule=pipedream"], "pipeline.schedule='pipedream' must be one of gpipe, circular, 1f1b, zb, interleaved"),
     (["pipeline.gather=stage"], "pipeline.gather='stage' must be one of step, layer"),
     (["model.vocab_size=70000"], "model.vocab_size=70000 does not fit uint16 token files (max 65536)"),
+    # a negative LayerNorm epsilon was accepted: NaN at step 1, blamed on train.lr
+    (["model.layer_norm_epsilon=-1"], "model.layer_norm_epsilon=-1.0 must be positive and finite"),
 ])
 def test_validation_messages(args, msg):
     with pytest.raises(C.ConfigError) as e:
@@ -83,6 +85,12 @@ def test_the_readme_defaults():
     (["train.grad_clip=0"], ["train.grad_clip=-1"], "train.grad_clip=-1.0 must be >= 0"),
     # dropout 1 drops everything: inverted dropout would divide by 1 - p = 0
     (["model.dropout=0"], ["model.dropout=1"], "model.dropout=1.0 must be in [0, 1)"),
+    # eval averages over eval_batches batches: 0 was accepted and the first eval divided by zero
+    # (eval_every=0 is how evaluation is turned off)
+    (["train.eval_batches=1"], ["train.eval_batches=0"], "train.eval_batches=0 must be positive"),
+    # LayerNorm divides by sqrt(var + eps): any positive eps is a LayerNorm, 0 divides by zero on a flat row
+    (["model.layer_norm_epsilon=1e-12"], ["model.layer_norm_epsilon=0"],
+     "model.layer_norm_epsilon=0.0 must be positive and finite"),
     # uint16 token files hold ids 0..65535: a vocab of 65536 fits exactly
     (["model.vocab_size=65536"], ["model.vocab_size=65537"],
      "model.vocab_size=65537 does not fit uint16 token files (max 65536)"),
@@ -95,6 +103,20 @@ def test_the_inclusive_ends_of_each_range_are_accepted(args, refused, msg):
     with pytest.raises(C.ConfigError) as e:
         C.resolve(base + refused)
     assert str(e.value) == msg
+
+
+def test_a_layer_norm_epsilon_that_is_not_finite_is_refused_however_it_arrives():
+    """The key=value parser refuses nan/inf, but validate also sees models it did not parse: an HF
+    config.json read by init= (json reads NaN and Infinity), a Config built in code."""
+    from gpt2common.model import ModelConfig
+
+    for eps in (float("nan"), float("inf")):
+        with pytest.raises(C.ConfigError) as e:
+            C.validate(C.Config(model=ModelConfig(layer_norm_epsilon=eps)))
+        assert str(e.value) == f"model.layer_norm_epsilon={eps} must be positive and finite"
+    with pytest.raises(C.ConfigError) as e:
+        C.resolve(["model.layer_norm_epsilon=nan"])
+    assert str(e.value) == "model.layer_norm_epsilon='nan' is not a finite number"
 
 
 def test_min_lr_ratio_one_keeps_the_peak_after_warmup():

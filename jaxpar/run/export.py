@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 
 from gpt2common import hf, hf_tokenizer
-from gpt2common.outdir import check_writable
+from gpt2common.outdir import check_writable, make_out
 from jaxpar.config import Config, ConfigError
 from jaxpar.run.options import SampleOptions
 
@@ -36,7 +36,9 @@ def export_hf(checkpoint: str, to_hf: str, cfg: Config, load_params: Callable[[]
     from jaxpar.run.sample import tokenizer_source
 
     tok, source_dir = tokenizer_source(checkpoint, cfg)
-    hf.save_hf(to_hf, cfg.model, load_params())
+    params = load_params()
+    make_out(to_hf, "to_hf")  # its first write, after the checkpoint is read: save_hf's makedirs only finds it
+    hf.save_hf(to_hf, cfg.model, params)
     if tok is None:  # e.g. a run converted from an HF dir that held weights only
         sys.stderr.write(f"warning: checkpoint={checkpoint!r} names no tokenizer (no prepared data, no vocab.json + "
                          f"merges.txt in init=): {to_hf} holds the model only\n")

@@ -57,7 +57,7 @@ def export_state(checkpoint: str, to_state: str, cfg: Config, step: int | None) 
                           lr_next=float(lr_schedule(cfg.train)(int(sched.count))), data=_data_meta(cfg, checkpoint))
     m["nonfinite_skipped"] = int(r.meta.get("nonfinite_skipped", 0))
     fmt.write_state(to_state, m, hf.to_hf_state_dict(mc, host["params"]), hf.to_hf_state_dict(mc, host["mu"]),
-                    hf.to_hf_state_dict(mc, host["nu"]), hf.hf_config_dict(mc))
+                    hf.to_hf_state_dict(mc, host["nu"]), hf.hf_config_dict(mc), key="to_state")
     return m
 
 

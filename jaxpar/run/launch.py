@@ -68,6 +68,8 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
         raise ConfigError(f"launch: nprocs={n} must be >= 1")
     if not 0 <= kv.get("port", 0) <= 65535:
         raise ConfigError(f"launch: port={kv['port']} must be in 1..65535 (0 or none: a free one)")
+    if kv.get("grace", 0) < 0:  # a negative wait was taken: the ranks got SIGKILL at once
+        raise ConfigError(f"launch: grace={kv['grace']} must be >= 0")
     if not cmd:
         raise ConfigError("launch: no command after `--`")
     if cmd[0] not in MULTI_PROCESS:  # `prepare` would race its ranks on one out; `launch`, a fork bomb
@@ -109,7 +111,7 @@ def precheck(cmd: list[str], n: int) -> None:
     from jaxpar import config as C
     from jaxpar.config import split_config_flag
     from jaxpar.parallel.mesh import mesh_size
-    from jaxpar.run.rundir import resolve_train, run_config
+    from jaxpar.run.rundir import check_init_model_keys, resolve_train, run_config
 
     path, rest = split_config_flag(cmd[1:])
     if cmd[0] in ("eval", "sample"):  # the model to load: a run dir's config.json, an HF dir's
@@ -123,6 +125,8 @@ def precheck(cmd: list[str], n: int) -> None:
         return
     if cmd[0] not in ("train", "inspect", "mesh"):
         return
+    if cmd[0] != "mesh":
+        check_init_model_keys(parse_kv(rest), path)
     cfg = C.resolve(rest, path) if cmd[0] == "mesh" else resolve_train(parse_kv(rest), path, cmd[0] == "train")
     if cfg.init and cmd[0] != "mesh":
         hf.load_hf_config(cfg.init, "init")

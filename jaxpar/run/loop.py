@@ -60,8 +60,9 @@ class _StopFlag:
 def shaped_by_init(cfg: Config, model_cfg) -> Config:
     """cfg with the model of its `init=` weights. The shape comes from the weights; dropout is a
     training choice (nanoGPT's from_pretrained override): model.dropout (default 0), never the HF
-    config's resid_pdrop (0.1 in OpenAI's GPT-2). The model section's checks run once more."""
-    model_cfg = dataclasses.replace(model_cfg, dropout=cfg.model.dropout)
+    config's resid_pdrop (0.1 in OpenAI's GPT-2). model.attention (which core computes attention,
+    not in an HF config) is the run's choice too. The model section's checks run once more."""
+    model_cfg = dataclasses.replace(model_cfg, dropout=cfg.model.dropout, attention=cfg.model.attention)
     return validate(dataclasses.replace(cfg, model=model_cfg, model_name=f"hf:{cfg.init}"))
 
 

@@ -12,8 +12,8 @@ from jaxpar.run.metrics import METRICS_FILE
 
 def png_path(run: str, out: str | None) -> str:
     """Where the PNG goes: out= (a .png file in an existing folder, or a folder: <out>/curves.png),
-    default <run>/curves.png. Checked before anything is read or drawn."""
-    if out is None:
+    default <run>/curves.png (out= given empty too, as --help says). Checked before anything is read or drawn."""
+    if not out:
         return os.path.join(run, "curves.png")
     if os.path.isdir(out):
         return os.path.join(out, "curves.png")
@@ -62,8 +62,8 @@ def plot_run(run: str, out: str | None = None) -> str:
     try:
         with refused_write(out):  # a full disk: one line, exit 4
             fig.savefig(out, dpi=100)
-    except PermissionError:
-        raise ConfigError(f"out={out!r} cannot be written (permission denied)") from None
+    except OSError as e:  # what refused_write leaves: no permission, a folder that takes no files (/proc)
+        raise ConfigError(f"out={out!r} cannot be written ({e.strerror or e})") from None
     finally:
         plt.close(fig)
     return out

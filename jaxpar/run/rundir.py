@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from gpt2common.grammar import load_yaml, parse_value
+from gpt2common.grammar import field_types, load_yaml, parse_value
 from gpt2common.outdir import check_free, check_writable, entries
 from jaxpar import config as C
 from jaxpar.config import Config, ConfigError
@@ -66,17 +66,42 @@ def check_out_dir(cfg: Config, latest_step) -> tuple[int | None, bool]:
     return None, False
 
 
+def _load_config(path: str) -> Config:
+    """The Config saved in `path` (a run's config.json), every value of the type its key takes.
+    Raises OSError when the file cannot be read, ValueError (not UTF-8, not JSON, a ConfigError)
+    or TypeError when it is not a saved Config."""
+    with open(path, encoding="utf-8") as f:
+        d = json.load(f)
+    if isinstance(d, dict):
+        d = {k: _typed(k, v) for k, v in d.items()}
+    return C.from_dict(d)
+
+
+def _typed(key: str, value):
+    """`value` of the top-level `key` parsed as its type. from_dict takes top-level values as
+    written and a section's nulls as None: `"seed": "x"` or `"train": {"steps": null}` was a
+    TypeError traceback in validate. Keys from_dict refuses or ignores are left to it."""
+    if key in C.SECTIONS:
+        types_ = field_types(C.SECTIONS[key])
+        if not isinstance(value, dict):
+            return value
+        return {k: parse_value(types_[k], v, f"{key}.{k}") if k in types_ else v for k, v in value.items()}
+    top = field_types(Config)
+    return parse_value(top[key], value, key) if key in top else value
+
+
 def read_run_config(out: str) -> Config:
     """The saved config of the run in `out` (resume=true), or a one-line ConfigError."""
     if not os.path.isdir(out):
         raise ConfigError(f"resume=true but out={out!r} does not exist")
     path = os.path.join(out, CONFIG_FILE)
     try:
-        with open(path) as f:
-            return C.from_dict(json.load(f))
+        return _load_config(path)
     except FileNotFoundError:
         raise ConfigError(f"resume=true but out={out!r} has no {CONFIG_FILE} (not a jaxpar run dir)") from None
-    except (OSError, ValueError, TypeError):  # ValueError covers JSONDecodeError and ConfigError
+    except OSError as e:  # a directory named config.json, no read permission
+        raise ConfigError(f"resume=true but {path!r} cannot be read ({e.strerror})") from None
+    except (ValueError, TypeError):  # ValueError covers UnicodeDecodeError, JSONDecodeError and ConfigError
         raise ConfigError(f"resume=true but {path!r} is corrupt") from None
 
 
@@ -84,11 +109,12 @@ def run_config(checkpoint: str) -> Config:
     """The Config a run dir was trained with (its config.json), for the commands that read a
     run (`checkpoint=`), or ConfigError. No JAX."""
     try:
-        with open(os.path.join(checkpoint, CONFIG_FILE)) as f:
-            return C.from_dict(json.load(f))
-    except FileNotFoundError:
+        return _load_config(os.path.join(checkpoint, CONFIG_FILE))
+    except (FileNotFoundError, NotADirectoryError):  # NotADirectoryError: checkpoint= names a file
         raise ConfigError(f"checkpoint={checkpoint!r} has no {CONFIG_FILE} (not a jaxpar run dir)") from None
-    except (json.JSONDecodeError, TypeError, ConfigError):
+    except OSError as e:  # a directory named config.json, no read permission
+        raise ConfigError(f"checkpoint={checkpoint!r}: {CONFIG_FILE} cannot be read ({e.strerror})") from None
+    except (ValueError, TypeError):  # ValueError covers UnicodeDecodeError, JSONDecodeError and ConfigError
         raise ConfigError(f"checkpoint={checkpoint!r}: {CONFIG_FILE} is corrupt") from None
 
 
@@ -137,3 +163,40 @@ def resolve_train(kv: dict, config_file: str | None, writer: bool = True) -> Con
         shown = ", ".join(f"{k}={new!r} (run has {old!r})" for k, new, old in changed)
         raise ConfigError(f"resume=true cannot change {shown}: start a new run in another out")
     return cfg
+
+
+# What an HF dir's config.json sets (gpt2common.hf.load_hf): with init= its weights decide these.
+INIT_MODEL_KEYS = ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "layer_norm_epsilon")
+
+
+def check_init_model_keys(kv: dict, config_file: str | None) -> None:
+    """init= weights set the model (jaxpar.run.loop.shaped_by_init replaces the config's): a
+    `model=<preset>` or `model.<key>` given beside it (YAML or key=value) that disagrees with the
+    weights is refused, as bisect refuses model keys beside hf=, instead of being silently dropped.
+    Keys that agree pass, so a run's own config.json still starts it again. Runs before
+    resolve_train: its validation would otherwise judge the keys against the default preset
+    (model.n_embd=256 is not divisible by gpt2's 12 heads) and blame the wrong thing.
+    model.dropout and model.attention are the run's own choices and apply on top."""
+    # A YAML file is read here and again by resolve_train: init= may come from either.
+    given = {**(load_yaml(config_file) if config_file else {}), **kv}
+    init = str(given.get("init", ""))
+    if not init or parse_value(bool, given.get("resume", False), "resume"):
+        return  # resume=true refuses init= itself (the checkpoint holds the weights)
+    keys = [k for k in given if k in ("model", "model_name") or (k.startswith("model.") and k[6:] in INIT_MODEL_KEYS)]
+    if not keys:
+        return
+    from gpt2common import hf
+
+    weights = hf.load_hf_config(init, "init")
+    # the model the keys alone would make from the weights' (no validation: they may not fit a preset)
+    mine = C.apply_overrides(C.Config(model=weights), {k: given[k] for k in keys}).model
+    differ = [f for f in INIT_MODEL_KEYS if getattr(mine, f) != getattr(weights, f)]
+    if not differ:
+        return
+    shown = [f"model.{f}={getattr(mine, f)}" for f in differ if f"model.{f}" in given]
+    preset = next((k for k in ("model", "model_name") if k in given), None)
+    if preset and len(shown) < len(differ):  # the rest comes from the preset
+        shown.insert(0, f"{preset}={given[preset]}")
+    theirs = ", ".join(f"{f}={getattr(weights, f)}" for f in differ)
+    raise ConfigError(f"model keys conflict with init={init!r}, whose weights set the model: {', '.join(shown)} "
+                      f"(the weights have {theirs})")

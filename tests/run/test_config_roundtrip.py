@@ -65,6 +65,22 @@ def test_train_with_a_runs_own_config_json_prints_the_same_config(tmp_path, caps
     assert (out / "config.json").read_text() == saved
 
 
+def test_a_run_on_a_relative_data_path_resumes_and_evaluates_from_another_directory(tmp_path, monkeypatch, capsys):
+    """data=pr/p2 (a prepared dir, used in place) was saved as typed: `resume=true` and `eval` started
+    from another directory stopped at "data='pr/p2' does not exist". Saved absolute, both find it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.txt").write_text("the quick brown fox jumps over the lazy dog. " * 100)
+    assert cli.main(["prepare", "input=t.txt", "out=pr/p2"]) == 0
+    assert cli.main(["train", *TINY, "train.steps=2", "out=run", "data=pr/p2"]) == 0
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["data"] == str(tmp_path / "pr" / "p2")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert cli.main(["train", f"out={tmp_path / 'run'}", "resume=true", "train.steps=3"]) == 0, capsys.readouterr().err
+    assert cli.main(["eval", f"checkpoint={tmp_path / 'run'}", "train.batch_size=2"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["tokens"] > 0
+
+
 EXAMPLES = sorted((ROOT / "examples" / "configs").glob("*.yaml"))
 
 

@@ -6,7 +6,9 @@ Independent reference: the exact messages and file contents written down by hand
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import subprocess
 
 import pytest
@@ -131,6 +133,10 @@ def test_a_yaml_null_is_refused_not_the_string_none(tmp_path, capsys):
     (["sample", "checkpoint=a", "prompt=x", "prompt=y"], "prompt= given twice ('x' and 'y'); it takes one value"),
     (["convert", "checkpoint=a", "to_hf=b", "to_hf=c"], "to_hf= given twice ('b' and 'c'); it takes one value"),
     (["prepare", "input=a", "input=b", "out=o"], "input= given twice ('a' and 'b'); it takes one value"),
+    # an empty output path: prepare wrote into the current dir, convert ended in a FileNotFoundError traceback
+    (["prepare", "out="], "out='' cannot be created (No such file or directory)"),
+    (["convert", "checkpoint=a", "to_hf="], "to_hf='' cannot be created (No such file or directory)"),
+    (["convert", "checkpoint=a", "to_state="], "to_state='' cannot be created (No such file or directory)"),
 ])
 def test_command_arguments_missing_or_conflicting_are_one_line(argv, line, tmp_path, monkeypatch, capsys):
     """Checked before any file is read (none of these paths exists): exit 2, one line."""
@@ -279,6 +285,30 @@ def test_unwritable_out_is_refused_before_anything_is_written(tmp_path):
         make_out("/proc/jaxpar_run")  # refused even to root
 
 
+def test_an_output_the_filesystem_refuses_is_one_line(tmp_path, capsys):
+    """Writable to os.access (root) but refused by mkdir or open (/proc): one line naming the key
+    and the OS reason, where each was a FileNotFoundError traceback."""
+    from gpt2common import state as fmt
+    from jaxpar.run.export import export_hf
+
+    (tmp_path / "in.txt").write_text("some words to prepare. " * 20)
+    assert cli.main(["prepare", f"input={tmp_path / 'in.txt'}", "out=/proc/jaxpar_x"]) == 2
+    assert capsys.readouterr().err == "error: out='/proc/jaxpar_x' cannot be created (No such file or directory)\n"
+    tiny = C.resolve(["model=gpt2-tiny"])
+    with pytest.raises(ConfigError) as e:  # convert checkpoint= to_hf=: after the weights are read
+        export_hf(str(tmp_path), "/proc/jaxpar_x", tiny, lambda: {})
+    assert str(e.value) == "to_hf='/proc/jaxpar_x' cannot be created (No such file or directory)"
+    with pytest.raises(ConfigError) as e:  # convert checkpoint= to_state=: named as given, not its .tmp
+        fmt.write_state("/proc/jaxpar_x", {}, {}, {}, {}, {}, key="to_state")
+    assert str(e.value) == "to_state='/proc/jaxpar_x' cannot be created (No such file or directory)"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0, "tokens_per_s": 10.0}) + "\n")
+    assert cli.main(["plot", f"run={run}", "out=/proc/jaxpar_x.png"]) == 2
+    assert capsys.readouterr().err == "error: out='/proc/jaxpar_x.png' cannot be written (No such file or directory)\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "run"] and os.listdir(run) == ["metrics.jsonl"]
+
+
 def _saved_run(tmp_path, *args):
     out = tmp_path / "run"
     out.mkdir()
@@ -315,6 +345,40 @@ def test_resume_reads_the_runs_config_and_applies_only_given_keys(tmp_path):
     assert str(e.value) == "init='x' cannot be combined with resume=true (the checkpoint holds the weights)"
 
 
+def test_a_relative_data_path_is_saved_absolute_and_resume_compares_absolute_paths(tmp_path, monkeypatch):
+    """data=pr/t.txt was saved as typed: resume=true (and eval, sample) from another directory found
+    nothing there, or another dataset of that name, and the same path given absolute was refused as
+    a change. A new run saves it absolute when it exists (a missing one stays as typed, for the
+    error naming it); resume compares absolute paths; the built-in corpus ("") is not a path, and
+    an older run's saved relative path is kept and compared as before."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pr").mkdir()
+    (tmp_path / "pr" / "t.txt").write_text("some text")
+    absolute = str(tmp_path / "pr" / "t.txt")
+    new = {"model": "gpt2-tiny", "out": "run"}
+    cfg = rundir.resolve_train({**new, "data": "pr/t.txt"}, None)
+    assert cfg.data == absolute
+    assert rundir.resolve_train({**new, "data": "pr/none.txt"}, None).data == "pr/none.txt"
+    assert rundir.resolve_train(new, None).data == ""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text(C.dumps(C.settings_of(cfg)))
+    monkeypatch.chdir(tmp_path / "pr")  # another working directory
+    for given in ({}, {"data": absolute}, {"data": "t.txt"}, {"data": os.path.join("..", "pr", "t.txt")}):
+        assert rundir.resolve_train({"out": str(out), "resume": "true", **given}, None).data == absolute, given
+    with pytest.raises(ConfigError) as e:  # pr/t.txt from here is another path: named absolute
+        rundir.resolve_train({"out": str(out), "resume": "true", "data": "pr/t.txt"}, None)
+    assert str(e.value) == (f"resume=true cannot change data='{tmp_path}/pr/pr/t.txt' (run has '{absolute}'): "
+                            "start a new run in another out")
+    # an older run saved the path as typed: it stays so, and is compared as typed
+    (out / "config.json").write_text(C.dumps(C.settings_of(dataclasses.replace(cfg, data="pr/t.txt"))))
+    assert rundir.resolve_train({"out": str(out), "resume": "true"}, None).data == "pr/t.txt"
+    assert rundir.resolve_train({"out": str(out), "resume": "true", "data": "pr/t.txt"}, None).data == "pr/t.txt"
+    with pytest.raises(ConfigError) as e:
+        rundir.resolve_train({"out": str(out), "resume": "true", "data": absolute}, None)
+    assert str(e.value) == f"resume=true cannot change data='{absolute}' (run has 'pr/t.txt'): start a new run in another out"
+
+
 def test_resume_with_a_missing_or_corrupt_config_json(tmp_path):
     with pytest.raises(ConfigError) as e:
         rundir.resolve_train({"out": str(tmp_path / "none"), "resume": "true"}, None)
@@ -334,6 +398,118 @@ def test_resume_with_a_missing_or_corrupt_config_json(tmp_path):
         with pytest.raises(ConfigError) as e:  # eval / sample / convert read it the same way
             run_config(str(tmp_path))
         assert str(e.value) == f"checkpoint={str(tmp_path)!r}: config.json is corrupt", text
+
+
+def test_a_config_json_that_cannot_be_read_or_is_mistyped_is_one_line(tmp_path):
+    """A config.json that is a directory, not UTF-8, not JSON, or holds a value of the wrong type
+    (a top-level one, or a null in a section: a TypeError in validate), and a checkpoint= that
+    is a file: one line naming the path, never a traceback."""
+    from jaxpar.run.commands import run_config
+
+    cfg_json = tmp_path / "config.json"
+    cfg_json.mkdir()
+    with pytest.raises(ConfigError) as e:
+        rundir.resolve_train({"out": str(tmp_path), "resume": "true"}, None)
+    assert str(e.value) == f"resume=true but {str(cfg_json)!r} cannot be read (Is a directory)"
+    with pytest.raises(ConfigError) as e:
+        run_config(str(tmp_path))
+    assert str(e.value) == f"checkpoint={str(tmp_path)!r}: config.json cannot be read (Is a directory)"
+    cfg_json.rmdir()
+    saved = json.loads(C.dumps(C.resolve(["model=gpt2-tiny"])))
+    for doc in (b"\xff\xfe{}", b"not json", json.dumps({**saved, "seed": "x"}).encode(),
+                json.dumps({**saved, "precision": None}).encode(),
+                json.dumps({**saved, "train": {**saved["train"], "steps": None}}).encode()):
+        cfg_json.write_bytes(doc)
+        with pytest.raises(ConfigError) as e:
+            rundir.resolve_train({"out": str(tmp_path), "resume": "true"}, None)
+        assert str(e.value) == f"resume=true but {str(cfg_json)!r} is corrupt", doc
+        with pytest.raises(ConfigError) as e:
+            run_config(str(tmp_path))
+        assert str(e.value) == f"checkpoint={str(tmp_path)!r}: config.json is corrupt", doc
+    cfg_json.write_text(json.dumps({**saved, "seed": "7"}))  # what a YAML or key=value gives is still taken
+    assert run_config(str(tmp_path)).seed == 7
+    with pytest.raises(ConfigError) as e:
+        run_config(str(cfg_json))
+    assert str(e.value) == f"checkpoint={str(cfg_json)!r} has no config.json (not a jaxpar run dir)"
+
+
+def test_a_checkpoint_or_init_that_is_a_file_is_one_line_in_every_command(tmp_path, monkeypatch, capsys):
+    """eval, sample, convert and train init= on a regular file were a NotADirectoryError traceback;
+    launch reports it once, from its precheck, before any process starts."""
+    def no_spawn(*a, **k):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(subprocess, "Popen", no_spawn)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    ckpt = "checkpoint='afile' has no config.json (not a jaxpar run dir)"
+    init = "init='afile' is not an HF save_pretrained dir (no config.json)"
+    for argv, line in ((["eval", "checkpoint=afile"], ckpt), (["sample", "checkpoint=afile"], ckpt),
+                       (["convert", "checkpoint=afile", "to_hf=h"], ckpt),
+                       (["convert", "checkpoint=afile", "to_state=s"], ckpt),
+                       (["eval", "hf=afile", "data=x"], "hf='afile' is not an HF save_pretrained dir (no config.json)"),
+                       (["launch", "nprocs=2", "--", "eval", "checkpoint=afile"], ckpt),
+                       (["launch", "nprocs=2", "--", "sample", "checkpoint=afile"], ckpt),
+                       (["launch", "nprocs=2", "--", "train", "model=gpt2-tiny", "init=afile", "out=o"], init),
+                       (["launch", "nprocs=2", "--", "inspect", "model=gpt2-tiny", "init=afile"], init)):
+        assert cli.main(argv) == 2, argv
+        assert capsys.readouterr().err == f"error: {line}\n", argv
+    assert os.listdir(tmp_path) == ["afile"]
+
+
+def _tiny_hf_dir(path):
+    from gpt2common import hf
+    from gpt2common.init import init_params
+
+    hf.save_hf(str(path), C.PRESETS["gpt2-tiny"], init_params(C.PRESETS["gpt2-tiny"], 0))
+    return str(path)
+
+
+@pytest.mark.parametrize("keys,shown", [
+    (["model.n_layer=4"], "model.n_layer=4 (the weights have n_layer=2)"),
+    (["model=gpt2"], "model=gpt2 (the weights have n_layer=2, n_embd=128, n_head=4, vocab_size=256, n_positions=256)"),
+    (["model.vocab_size=300"], "model.vocab_size=300 (the weights have vocab_size=256)"),
+    # judged against the weights, not the default preset (it was: not divisible by model.n_head=12)
+    (["model.n_embd=256"], "model.n_embd=256 (the weights have n_embd=128)"),
+    (["model=gpt2", "model.n_layer=3", "model.layer_norm_epsilon=1e-6"],
+     "model=gpt2, model.n_layer=3, model.layer_norm_epsilon=1e-06 (the weights have n_layer=2, n_embd=128, n_head=4, "
+     "vocab_size=256, n_positions=256, layer_norm_epsilon=1e-05)"),
+])
+def test_model_keys_that_disagree_with_init_are_refused(tmp_path, monkeypatch, capsys, keys, shown):
+    """train init=<HF dir> model.n_layer=4 trained the HF dir's 2 layers without a word (its
+    config.json replaced the keys). Refused as bisect refuses model keys beside hf=, by train,
+    inspect and launch's precheck, before anything is written; the line names the keys."""
+    def no_spawn(*a, **k):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(subprocess, "Popen", no_spawn)
+    hf_dir = _tiny_hf_dir(tmp_path / "hf")
+    line = f"error: model keys conflict with init={hf_dir!r}, whose weights set the model: {shown}\n"
+    for argv in (["train", f"init={hf_dir}", *keys, f"out={tmp_path / 'o'}"], ["inspect", f"init={hf_dir}", *keys],
+                 ["launch", "nprocs=2", "--", "train", f"init={hf_dir}", *keys, f"out={tmp_path / 'o'}"]):
+        assert cli.main(argv) == 2, argv
+        assert capsys.readouterr().err == line, argv
+    (tmp_path / "c.yaml").write_text("\n".join(k.replace("=", ": ", 1) for k in keys) + "\n")
+    assert cli.main(["train", "--config", str(tmp_path / "c.yaml"), f"init={hf_dir}", f"out={tmp_path / 'o'}"]) == 2
+    assert capsys.readouterr().err == line
+    assert sorted(os.listdir(tmp_path)) == ["c.yaml", "hf"]
+
+
+def test_model_keys_that_agree_with_init_pass_and_attention_is_the_runs(tmp_path):
+    """Keys the weights agree with are no conflict: examples/configs/finetune.yaml names the
+    preset of its init=, and an init run's own config.json (every model key) starts it again.
+    model.attention, like model.dropout, is the run's choice: it was dropped for the HF default."""
+    from gpt2common import hf
+    from jaxpar.run.loop import shaped_by_init
+    from jaxpar.run.rundir import check_init_model_keys
+
+    hf_dir = _tiny_hf_dir(tmp_path / "hf")
+    check_init_model_keys({"init": hf_dir, "model": "gpt2-tiny", "model.layer_norm_epsilon": "1e-5"}, None)
+    cfg = shaped_by_init(C.resolve([f"init={hf_dir}", "model.attention=xla", "model.dropout=0"]),
+                         hf.load_hf_config(hf_dir, "init"))
+    assert (cfg.model.attention, cfg.model.n_layer, cfg.model_name) == ("xla", 2, f"hf:{hf_dir}")
+    (tmp_path / "config.json").write_text(C.dumps(C.settings_of(cfg)))
+    check_init_model_keys({}, str(tmp_path / "config.json"))
 
 
 def test_truncate_drops_a_torn_last_line(tmp_path):

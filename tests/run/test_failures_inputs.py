@@ -70,6 +70,19 @@ def test_launch_port_range(port, ok):
     assert str(e.value) == f"launch: port={port} must be in 1..65535 (0 or none: a free one)"
 
 
+@pytest.mark.parametrize("grace,msg", [("-1", "launch: grace=-1 must be >= 0"),
+                                       ("inf", "launch: grace='inf' is not an integer"),
+                                       ("nan", "launch: grace='nan' is not an integer")])
+def test_launch_grace_is_a_non_negative_integer(grace, msg):
+    """A negative grace was taken: a failed rank's peers got SIGKILL at once, with no time to exit."""
+    from jaxpar.run.launch import parse
+
+    assert parse(["grace=0", "nprocs=2", "--", "mesh"])[0]["grace"] == 0
+    with pytest.raises(ConfigError) as e:
+        parse([f"grace={grace}", "nprocs=2", "--", "mesh"])
+    assert str(e.value) == msg
+
+
 @pytest.mark.parametrize("spec", ["BOGUS", "SIGTERM@x", "SIGNOPE@2", "SIG_DFL@2", "SIGTERM@2@r", "SIGTERM@1@2@3"])
 def test_a_malformed_fault_spec_is_one_line_before_any_write(tmp_path, capsys, monkeypatch, spec):
     monkeypatch.setenv("JAXPAR_FAULT_SIGNAL", spec)
@@ -270,6 +283,15 @@ def test_plot_out_is_checked_before_drawing(tmp_path):
     figs.mkdir()
     assert plot_run(str(run), str(figs)) == str(figs / "curves.png")
     assert sorted(os.listdir(tmp_path)) == ["figs", "run"] and os.listdir(figs) == ["curves.png"]
+
+
+def test_plot_out_given_empty_is_the_default(tmp_path):
+    """`plot out=` is <run>/curves.png, as --help says of an empty out (it was refused as no .png)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0, "tokens_per_s": 10.0}) + "\n")
+    assert plot_run(str(run), "") == str(run / "curves.png")
+    assert sorted(os.listdir(run)) == ["curves.png", "metrics.jsonl"]
 
 
 def test_a_stale_coordinator_is_one_line(tmp_path):

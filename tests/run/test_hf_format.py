@@ -106,6 +106,32 @@ def test_a_config_without_the_shape_fields_is_one_error(tmp_path):
         assert str(e.value) == f"{str(tmp_path)!r}: {msg}"
 
 
+def test_a_config_json_that_cannot_be_read_is_one_error(tmp_path):
+    """init= / hf= naming a file, a config.json that is a directory or not UTF-8, a
+    layer_norm_epsilon that is no positive number: a ConfigError naming the path, where each was
+    a NotADirectoryError / IsADirectoryError / UnicodeDecodeError / ValueError traceback."""
+    hf.save_hf(str(tmp_path / "hf"), MC, init_params(MC, seed=3))
+    cfg_json = tmp_path / "hf" / "config.json"
+    with pytest.raises(ConfigError) as e:
+        hf.load_hf_config(str(cfg_json), "init")
+    assert str(e.value) == f"init={str(cfg_json)!r} is not an HF save_pretrained dir (no config.json)"
+    written = cfg_json.read_text()
+    cfg_json.unlink()
+    cfg_json.mkdir()
+    with pytest.raises(ConfigError) as e:
+        hf.load_hf(str(tmp_path / "hf"), "hf")
+    assert str(e.value) == f"hf={str(tmp_path / 'hf')!r}: config.json cannot be read (Is a directory)"
+    cfg_json.rmdir()
+    cases = [(b"\xff\xfe{}", "config.json is corrupt")]
+    cases += [(json.dumps({**json.loads(written), "layer_norm_epsilon": eps}).encode(),
+               f"config.json has no positive number layer_norm_epsilon (got {eps!r})") for eps in ("x", -1e-5, None)]
+    for doc, msg in cases:
+        cfg_json.write_bytes(doc)
+        with pytest.raises(ConfigError) as e:
+            hf.model_config_from_hf(str(tmp_path / "hf"))
+        assert str(e.value) == f"{str(tmp_path / 'hf')!r}: {msg}"
+
+
 def test_a_hub_name_loads_from_the_local_cache_only(tmp_path, monkeypatch):
     """`init=org/name` as transformers resolves it offline: the cache's refs/main names the
     snapshot dir holding the save. A name not in the cache keeps the dir error (no download)."""

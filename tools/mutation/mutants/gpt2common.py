@@ -46,7 +46,7 @@ MUTANTS: list[Mutant] = [
            "eval windows overlap by one token",
            (T + "run/test_data.py",)),
     Mutant("hf_import_drops_eps", "hf", "gpt2common/hf.py",
-           'n_positions=c["n_positions"], layer_norm_epsilon=float(c.get("layer_norm_epsilon", 1e-5)))',
+           'n_positions=c["n_positions"], layer_norm_epsilon=float(eps))',
            'n_positions=c["n_positions"])',
            "an HF dir's layer_norm_epsilon is ignored on import (init=, hf=, convert): the default 1e-5 is used",
            (T + "run/test_hf_format.py::test_save_then_load_is_the_same_model",)),
