@@ -35,12 +35,10 @@ def _devices_for(cfg: C.Config) -> None:
 
 def train(argv: list[str], dry_run: bool = False) -> int:
     from jaxpar.config import split_config_flag
-    from jaxpar.run.rundir import check_init_model_keys, resolve_train
+    from jaxpar.run.rundir import resolve_train
 
     path, rest = split_config_flag(argv)
-    kv = parse_kv(rest)
-    check_init_model_keys(kv, path)
-    cfg = resolve_train(kv, path, writer=not dry_run)  # resume=true: its config.json + these keys
+    cfg = resolve_train(parse_kv(rest), path, writer=not dry_run)  # resume=true: its config.json + these keys
     if cfg.plan:
         from jaxpar.planner.apply import apply_plan  # noqa: PLC0415
 

@@ -111,7 +111,7 @@ def precheck(cmd: list[str], n: int) -> None:
     from jaxpar import config as C
     from jaxpar.config import split_config_flag
     from jaxpar.parallel.mesh import mesh_size
-    from jaxpar.run.rundir import check_init_model_keys, resolve_train, run_config
+    from jaxpar.run.rundir import resolve_train, run_config
 
     path, rest = split_config_flag(cmd[1:])
     if cmd[0] in ("eval", "sample"):  # the model to load: a run dir's config.json, an HF dir's
@@ -125,8 +125,6 @@ def precheck(cmd: list[str], n: int) -> None:
         return
     if cmd[0] not in ("train", "inspect", "mesh"):
         return
-    if cmd[0] != "mesh":
-        check_init_model_keys(parse_kv(rest), path)
     cfg = C.resolve(rest, path) if cmd[0] == "mesh" else resolve_train(parse_kv(rest), path, cmd[0] == "train")
     if cfg.init and cmd[0] != "mesh":
         hf.load_hf_config(cfg.init, "init")

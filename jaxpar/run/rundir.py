@@ -146,7 +146,8 @@ def resolve_train(kv: dict, config_file: str | None, writer: bool = True) -> Con
     # process of a job checks here, before joining the job, so before process 0 takes the lock.
     if writer and not parse_value(bool, given.get("dry_run", False), "dry_run"):
         check_free(out)
-    if not resume:
+    if not resume:  # (resume=true refuses init= itself: the checkpoint holds the weights)
+        check_init_model_keys(given)
         return _vocab_from_data(C.resolve_kv(kv, base=None, file_kv=file_kv), given)
     saved = read_run_config(out)
     # The checkpoint holds the weights (init= is spent) and the plan was applied when the run began.
@@ -169,19 +170,18 @@ def resolve_train(kv: dict, config_file: str | None, writer: bool = True) -> Con
 INIT_MODEL_KEYS = ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "layer_norm_epsilon")
 
 
-def check_init_model_keys(kv: dict, config_file: str | None) -> None:
+def check_init_model_keys(given: dict) -> None:
     """init= weights set the model (jaxpar.run.loop.shaped_by_init replaces the config's): a
     `model=<preset>` or `model.<key>` given beside it (YAML or key=value) that disagrees with the
     weights is refused, as bisect refuses model keys beside hf=, instead of being silently dropped.
-    Keys that agree pass, so a run's own config.json still starts it again. Runs before
-    resolve_train: its validation would otherwise judge the keys against the default preset
+    Keys that agree pass, so a run's own config.json still starts it again. Runs in
+    resolve_train before validation, which would otherwise judge the keys against the default preset
     (model.n_embd=256 is not divisible by gpt2's 12 heads) and blame the wrong thing.
-    model.dropout and model.attention are the run's own choices and apply on top."""
-    # A YAML file is read here and again by resolve_train: init= may come from either.
-    given = {**(load_yaml(config_file) if config_file else {}), **kv}
+    model.dropout and model.attention are the run's own choices and apply on top. `given`: the
+    YAML file's keys, then key=value's."""
     init = str(given.get("init", ""))
-    if not init or parse_value(bool, given.get("resume", False), "resume"):
-        return  # resume=true refuses init= itself (the checkpoint holds the weights)
+    if not init:
+        return
     keys = [k for k in given if k in ("model", "model_name") or (k.startswith("model.") and k[6:] in INIT_MODEL_KEYS)]
     if not keys:
         return

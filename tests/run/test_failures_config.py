@@ -504,12 +504,12 @@ def test_model_keys_that_agree_with_init_pass_and_attention_is_the_runs(tmp_path
     from jaxpar.run.rundir import check_init_model_keys
 
     hf_dir = _tiny_hf_dir(tmp_path / "hf")
-    check_init_model_keys({"init": hf_dir, "model": "gpt2-tiny", "model.layer_norm_epsilon": "1e-5"}, None)
+    check_init_model_keys({"init": hf_dir, "model": "gpt2-tiny", "model.layer_norm_epsilon": "1e-5"})
     cfg = shaped_by_init(C.resolve([f"init={hf_dir}", "model.attention=xla", "model.dropout=0"]),
                          hf.load_hf_config(hf_dir, "init"))
     assert (cfg.model.attention, cfg.model.n_layer, cfg.model_name) == ("xla", 2, f"hf:{hf_dir}")
     (tmp_path / "config.json").write_text(C.dumps(C.settings_of(cfg)))
-    check_init_model_keys({}, str(tmp_path / "config.json"))
+    check_init_model_keys(load_yaml(str(tmp_path / "config.json")))
 
 
 def test_truncate_drops_a_torn_last_line(tmp_path):
