@@ -87,15 +87,41 @@ def field_types(cls) -> dict[str, Any]:
 
 
 def flatten_yaml(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'train': {'steps': 5}} -> {'train.steps': 5}; `model: gpt2` stays a preset key."""
+    """{'train': {'steps': 5}} -> {'train.steps': 5}; `model: gpt2` stays a preset key. A key
+    given both dotted and nested (`train.steps: 3` and `train: {steps: 4}`) is a ValueError
+    naming it: one of the two would be dropped without a word."""
     out: dict[str, Any] = {}
     for k, v in doc.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten_yaml(v, key + "."))
-        else:
-            out[key] = v
+        flat = flatten_yaml(v, key + ".") if isinstance(v, dict) else {key: v}
+        for twice in flat.keys() & out.keys():
+            raise ValueError(twice)
+        out.update(flat)
     return out
+
+
+def _unique_keys_loader(path: str):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML says keys are unique;
+    PyYAML keeps the last, so `lr: 1e-3` ... `lr: 3e-4` trained on the second without a word)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: SafeLoader's own error follows
+                    continue
+                if first is not None:
+                    raise ConfigError(f"config file {path!r} gives {key!r} twice (lines {first} and {line}); "
+                                      "a key takes one value")
+                seen[key] = line
+            return super().construct_mapping(node, deep)
+
+    return Loader
 
 
 def parse_kv(args: list[str], once=()) -> dict[str, str]:
@@ -148,7 +174,7 @@ def load_yaml(path: str) -> dict[str, Any]:
         with open(path) as f:
             text = f.read()
         _check_bounded(path, yaml.parse(text))
-        doc = yaml.safe_load(text) or {}
+        doc = yaml.load(text, Loader=_unique_keys_loader(path)) or {}  # noqa: S506 - a SafeLoader
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} does not exist") from None
     except IsADirectoryError:
@@ -159,4 +185,7 @@ def load_yaml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path!r} is not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"config file {path!r} must hold a mapping of keys")
-    return flatten_yaml(doc)
+    try:
+        return flatten_yaml(doc)
+    except ValueError as e:
+        raise ConfigError(f"config file {path!r} gives {e} twice (dotted and nested); a key takes one value") from None

@@ -97,6 +97,27 @@ def test_config_input_is_bounded(tmp_path, capsys, command):
     assert load_yaml(str(ok)) == {"train.steps": 3, "pipeline.layers_per_stage": [1, 1]}
 
 
+@pytest.mark.parametrize("text,msg", [
+    ("train:\n  steps: 3\n  lr: 1.0e-3\n  lr: 3.0e-4\n", "gives 'lr' twice (lines 3 and 4)"),
+    ("model: gpt2-tiny\nmodel: gpt2\n", "gives 'model' twice (lines 1 and 2)"),
+    ("train: {steps: 3, steps: 4}\n", "gives 'steps' twice (lines 1 and 1)"),
+    ("train.steps: 3\ntrain:\n  steps: 4\n", "gives train.steps twice (dotted and nested)"),
+])
+def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path, capsys, text, msg):
+    """PyYAML keeps a repeated key's last value: the run trained on lr 3e-4 without a word about
+    the 1e-3 above it. YAML says keys are unique; one line names both places."""
+    y = tmp_path / "c.yaml"
+    y.write_text(text)
+    # (train.steps=0: refused on its own, so nothing trains even where the key check fails)
+    assert cli.main(["train", "--config", str(y), f"out={tmp_path / 'o'}", "train.steps=0"]) == 2
+    assert capsys.readouterr().err == f"error: config file {str(y)!r} {msg}; a key takes one value\n"
+    assert not (tmp_path / "o").exists()
+    # the same keys once each, and the same leaf name in two sections, are taken
+    y.write_text("train: {steps: 3, lr: 3.0e-4}\neval: {windows: 1}\nmodel: {n_layer: 2}\npipeline: {repeats: 1}\n")
+    assert load_yaml(str(y)) == {"train.steps": 3, "train.lr": 3e-4, "eval.windows": 1, "model.n_layer": 2,
+                                 "pipeline.repeats": 1}
+
+
 def test_config_flag_forms(tmp_path, capsys):
     """`--config FILE` and `--config=FILE` (a path may hold '=': a sweep's run dirs do) are pulled
     out of argv; `--config` with nothing after it is one error line, not a run on the defaults."""
