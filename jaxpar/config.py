@@ -307,7 +307,8 @@ def from_dict(d: dict[str, Any]) -> Config:
     """Inverse of to_dict (used to reload a run's saved config.json). ConfigError (never a
     KeyError / AttributeError traceback) for a file that is not this shape: a non-object, a
     section that is not an object, or a section key this Config does not have (a hand edit, or
-    a config.json of another jaxpar version)."""
+    a config.json of another jaxpar version), or a value not of its key's type (`"seed": "x"`, a
+    null where a key takes no null: each was a TypeError traceback in validate)."""
     if not isinstance(d, dict):
         raise ConfigError(f"expected a JSON object, got {type(d).__name__}")
     kw: dict[str, Any] = {}
@@ -317,10 +318,9 @@ def from_dict(d: dict[str, Any]) -> Config:
             types_ = field_types(SECTIONS[k])
             if not isinstance(v, dict) or set(v) - set(types_):
                 raise ConfigError(f"{k}: expected an object with keys from {', '.join(types_)}, got {v!r}")
-            kw[k] = SECTIONS[k](**{kk: parse_value(types_[kk], vv, f"{k}.{kk}") if vv is not None else None
-                                  for kk, vv in v.items()})
+            kw[k] = SECTIONS[k](**{kk: parse_value(types_[kk], vv, f"{k}.{kk}") for kk, vv in v.items()})
         elif k in top:
-            kw[k] = v
+            kw[k] = parse_value(top[k], v, k)
     return Config(**kw)
 
 

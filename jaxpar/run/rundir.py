@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from gpt2common.grammar import field_types, load_yaml, parse_value
+from gpt2common.grammar import load_yaml, parse_value
 from gpt2common.outdir import check_free, check_writable, entries
 from jaxpar import config as C
 from jaxpar.config import Config, ConfigError
@@ -67,27 +67,11 @@ def check_out_dir(cfg: Config, latest_step) -> tuple[int | None, bool]:
 
 
 def _load_config(path: str) -> Config:
-    """The Config saved in `path` (a run's config.json), every value of the type its key takes.
-    Raises OSError when the file cannot be read, ValueError (not UTF-8, not JSON, a ConfigError)
-    or TypeError when it is not a saved Config."""
+    """The Config saved in `path` (a run's config.json). Raises OSError when the file cannot be
+    read, ValueError (not UTF-8, not JSON, a ConfigError from from_dict) or TypeError when it is not a
+    saved Config."""
     with open(path, encoding="utf-8") as f:
-        d = json.load(f)
-    if isinstance(d, dict):
-        d = {k: _typed(k, v) for k, v in d.items()}
-    return C.from_dict(d)
-
-
-def _typed(key: str, value):
-    """`value` of the top-level `key` parsed as its type. from_dict takes top-level values as
-    written and a section's nulls as None: `"seed": "x"` or `"train": {"steps": null}` was a
-    TypeError traceback in validate. Keys from_dict refuses or ignores are left to it."""
-    if key in C.SECTIONS:
-        types_ = field_types(C.SECTIONS[key])
-        if not isinstance(value, dict):
-            return value
-        return {k: parse_value(types_[k], v, f"{key}.{k}") if k in types_ else v for k, v in value.items()}
-    top = field_types(Config)
-    return parse_value(top[key], value, key) if key in top else value
+        return C.from_dict(json.load(f))
 
 
 def read_run_config(out: str) -> Config:
