@@ -45,6 +45,13 @@ def kernel_class(name: str) -> str:
     return next((c for c, keys in CLASSES if any(k in n for k in keys)), "other")
 
 
+def read_trace(logdir: str) -> dict:
+    """The Chrome-format trace `jax.profiler.trace(logdir, create_perfetto_trace=True)` wrote."""
+    path = sorted(glob.glob(os.path.join(logdir, "**", "*.trace.json.gz"), recursive=True))[-1]
+    with gzip.open(path) as f:
+        return json.load(f)
+
+
 def device_threads(trace: dict) -> dict[tuple, str]:
     """{(pid, tid): thread name} of the '/device:GPU:*' processes. Their 'Stream #..' threads hold
     the kernels (an 'XLA Ops' thread, where a trace has one, the same time again)."""
@@ -129,9 +136,7 @@ def main(argv=None) -> int:
             state, m = step(state, x, y)
         float(m["loss"])
     wall = (time.perf_counter() - t0) / args.steps * 1e3
-    path = sorted(glob.glob(os.path.join(logdir, "**", "*.trace.json.gz"), recursive=True))[-1]
-    with gzip.open(path) as f:
-        trace = json.load(f)
+    trace = read_trace(logdir)
     threads = device_threads(trace)
     streams = complete_events(trace, threads, "Stream")
     kernels = summarize(streams, args.steps)

@@ -51,6 +51,7 @@ class Module:
     instrs: dict[str, Instr]
     computations: dict[str, list[str]]  # name -> its instructions, in order
     frames: dict[int, str]  # stack_frame_id -> "file.py:line function" of its innermost call
+    by_kernel: dict[str, Instr]  # normalize(name) -> instruction: a kernel's spelling of its name
 
 
 def shape_bytes(shape: str) -> int:
@@ -125,7 +126,7 @@ def parse_module(text: str) -> Module:
             comps[comp] = []
         elif line.startswith("}"):
             comp = ""
-    return Module(instrs, comps, _frames(lines))
+    return Module(instrs, comps, _frames(lines), {normalize(n): i for n, i in instrs.items()})
 
 
 def normalize(name: str) -> str:
@@ -135,11 +136,7 @@ def normalize(name: str) -> str:
 
 def lookup(module: Module, key: str) -> Instr | None:
     """The instruction a trace key names: its HLO name, or the kernel spelling of it."""
-    if key in module.instrs:
-        return module.instrs[key]
-    if not hasattr(module, "_by_kernel"):
-        module._by_kernel = {normalize(n): i for n, i in module.instrs.items()}
-    return module._by_kernel.get(normalize(key))
+    return module.instrs.get(key) or module.by_kernel.get(normalize(key))
 
 
 def sources(module: Module, ins: Instr, top: int = 3) -> list[str]:
