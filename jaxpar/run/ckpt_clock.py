@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 CALIBRATION_STEPS = 10  # steps timed before the first interval is fixed
 SAVE_SHARE = 0.02  # the most of training time checkpoints may take
+MAX_INTERVAL = 2**31 - 1  # process 0 broadcasts the interval as an int32
 
 
 class CheckpointClock:
@@ -28,6 +29,7 @@ class CheckpointClock:
         self.calibration_step = start + CALIBRATION_STEPS if minutes > 0 else None
         self.next_step: int | None = None
         self.save_s = 0.0
+        self.step_s = 0.0  # the mean step time the last plan used
         self._times: list[float] = []  # step times since the last plan
 
     def observe(self, step_time_s: float) -> None:
@@ -54,9 +56,12 @@ class CheckpointClock:
     def interval_steps(self, step_s: float) -> int:
         """Steps until the next checkpoint at `step_s` seconds per step."""
         wait = max(self.seconds, self.save_s / SAVE_SHARE)
-        return max(1, math.ceil(wait / max(step_s, 1e-9)))
+        return min(MAX_INTERVAL, max(1, math.ceil(wait / max(step_s, 1e-9))))
 
     def _plan(self, n: int) -> None:
-        step_s = sum(self._times) / len(self._times) if self._times else 0.0
-        self._times = []
-        self.next_step = n + self.agree(self.interval_steps(step_s))
+        # A save right after a plan (a stop or train.ckpt_every at the calibration step) saw no
+        # step since: the last plan's step time still holds.
+        if self._times:
+            self.step_s = sum(self._times) / len(self._times)
+            self._times = []
+        self.next_step = n + self.agree(self.interval_steps(self.step_s))

@@ -5,11 +5,12 @@ killed mid-way and resumes, the number of step dirs kept."""
 import json
 import os
 
+import numpy as np
 import pytest
 from support.cli_helpers import run
 
 from jaxpar import config as C
-from jaxpar.run.ckpt_clock import CALIBRATION_STEPS, SAVE_SHARE, CheckpointClock
+from jaxpar.run.ckpt_clock import CALIBRATION_STEPS, MAX_INTERVAL, SAVE_SHARE, CheckpointClock
 
 TINY = ["model=gpt2-tiny", "train.seq_len=32", "train.batch_size=4", "train.eval_every=0", "progress=none"]
 
@@ -63,6 +64,26 @@ def test_every_process_takes_process_zeros_interval():
     clock.observe(2.0)
     clock.at_boundary(CALIBRATION_STEPS)
     assert told == [30] and clock.next_step == CALIBRATION_STEPS + 7
+
+
+def test_a_save_at_the_calibration_step_keeps_its_step_time():
+    """A stop at the calibration step saves right after the plan, with no step timed since: the
+    interval still comes from the calibration's 0.5 s steps (it was 600 s / 1e-9 s = 6e11 steps,
+    which overflowed the int32 broadcast of a two-process run)."""
+    told = []
+    clock = CheckpointClock(10.0, start=0, agree=lambda v: told.append(np.int32(v)) or v)
+    for _ in range(CALIBRATION_STEPS):
+        clock.observe(0.5)
+    clock.at_boundary(CALIBRATION_STEPS)
+    clock.saved(CALIBRATION_STEPS, 0.1)
+    assert told == [1200, 1200] and clock.next_step == CALIBRATION_STEPS + 1200
+
+
+def test_the_interval_fits_the_int32_broadcast():
+    clock = CheckpointClock(10.0, start=0)
+    assert clock.interval_steps(0.0) == MAX_INTERVAL == 2**31 - 1
+    assert clock.interval_steps(1e-7) == MAX_INTERVAL
+    assert clock.interval_steps(600.0) == 1
 
 
 def test_a_run_killed_mid_way_resumes_from_its_timed_checkpoint(tmp_path):
