@@ -120,7 +120,16 @@ def run_sample(kv: dict, cfg) -> int:
     runner = infer.build_runner(cfg, min_batch=True)
     params = runner.load(run)
     W = min(cfg.model.n_positions, len(ids) + n)
-    out = generate(runner.cfg, params, ids, n, temp, top_k, seed, next_logits=infer.make_next_logits(runner, W))
+    step = infer.make_next_logits(runner, W)
+
+    def next_logits(p, buf, pos):  # (V,) on the host; a NaN would sample token 0 forever
+        logits = np.asarray(step(p, buf, pos))
+        if not np.isfinite(logits).all():
+            raise ConfigError(f"checkpoint={run!r}: the logits at position {pos} are not finite: the weights "
+                              "are not usable")
+        return logits
+
+    out = generate(runner.cfg, params, ids, n, temp, top_k, seed, next_logits=next_logits)
     if jax.process_index() == 0:
         print(tok.decode(out))
     return 0

@@ -134,15 +134,19 @@ def test_sample_on_an_fsdp_mesh_equals_one_device(tmp_path, capsys):
     assert r.stdout == one and one.startswith("ab") and len(one.rstrip("\n")) > 2
 
 
-def _converted_run(tmp_path, vocab: int, tokenizer_vocab: int | None):
-    """An HF dir (tiny model, and GPT-2 tokenizer files when tokenizer_vocab is set) converted into a run."""
+def _converted_run(tmp_path, vocab: int, tokenizer_vocab: int | None, nan_at: int | None = None):
+    """An HF dir (tiny model, and GPT-2 tokenizer files when tokenizer_vocab is set) converted into a
+    run; nan_at: that element of the final layer norm's bias is NaN."""
     from tokenizers import ByteLevelBPETokenizer
 
     from gpt2common import hf
     from jaxpar import cli
 
     mc = ModelConfig(n_layer=1, n_embd=16, n_head=2, vocab_size=vocab, n_positions=64)
-    hf.save_hf(str(tmp_path / "hf"), mc, gpt2.init_params(mc, 0))
+    params = gpt2.init_params(mc, 0)
+    if nan_at is not None:
+        params["ln_f"]["bias"][nan_at] = np.nan
+    hf.save_hf(str(tmp_path / "hf"), mc, params)
     if tokenizer_vocab:
         tok = ByteLevelBPETokenizer()
         tok.train_from_iterator(["to be or not to be, that is the question " * 50], vocab_size=tokenizer_vocab,
@@ -163,6 +167,19 @@ def test_sample_a_converted_run_with_the_hf_dirs_tokenizer(tmp_path, capsys):
     assert cli.main(["sample", f"checkpoint={run}", "prompt=to be or", "max_new_tokens=5", "top_k=1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("to be or") and len(out.rstrip("\n")) > len("to be or")
+
+
+def test_sample_of_weights_with_a_nan_is_one_error_line(tmp_path, capsys):
+    """NaN logits used to print the prompt and then token 0 max_new_tokens times, exit 0."""
+    from gpt2common import data
+    from jaxpar import cli
+
+    run = _converted_run(tmp_path, 512, 300, nan_at=3)
+    last = len(data.load_gpt2_tokenizer_dir(str(tmp_path / "hf")).encode("to be or")) - 1
+    capsys.readouterr()
+    assert cli.main(["sample", f"checkpoint={run}", "prompt=to be or", "max_new_tokens=5"]) == 2
+    assert capsys.readouterr() == ("", f"error: checkpoint={str(run)!r}: the logits at position {last} are not "
+                                       "finite: the weights are not usable\n")
 
 
 def test_a_prompt_with_undecodable_bytes(tmp_path, capsys):
