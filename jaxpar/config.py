@@ -279,24 +279,33 @@ def resolve_kv(kv: dict[str, Any], config_file: str | None = None, base: Config 
         file_kv = load_yaml(config_file)
     if file_kv:
         cfg = apply_overrides(cfg, file_kv)
-    return _absolute_data(validate(apply_overrides(cfg, kv)), base)
+    return _absolute_paths(validate(apply_overrides(cfg, kv)), base)
 
 
-def _absolute_data(cfg: Config, base: Config | None) -> Config:
-    """`data=` as a path that means the same from any working directory: a run records it in its
-    config.json, and resume=true, eval and sample may start elsewhere (a relative path then names
-    nothing, or another dataset). A new config's relative path is made absolute when it exists here
-    (a missing one stays as typed, for the error that names it). Over a `base` (resume=true: the
-    run's config.json) a given relative path is made absolute only when the base's is, so that
-    resume compares the two as absolute paths; an older run's recorded relative path stays as it
-    was and is compared as before. "" (the built-in corpus) is not a path."""
-    if not cfg.data or os.path.isabs(cfg.data):
-        return cfg
-    if base is None and not os.path.exists(cfg.data):
-        return cfg
-    if base is not None and not os.path.isabs(base.data):
-        return cfg
-    return replace(cfg, data=os.path.abspath(cfg.data))
+PATH_KEYS = ("data", "tokenizer", "init")  # settings that may name a file or dir a run records
+NOT_PATHS = {"tokenizer": ("byte", "bpe")}  # values that name no path, whatever the working dir holds
+
+
+def _absolute_paths(cfg: Config, base: Config | None) -> Config:
+    """`data=`, `tokenizer=<dir>` and `init=<dir>` as paths that mean the same from any working
+    directory: a run records them in its config.json, and resume=true, eval and sample may start
+    elsewhere (a relative path then names nothing, or another dataset). A new config's relative
+    path is made absolute when it exists here (a missing one stays as typed, for the error that
+    names it; `init=gpt2` is then a hub name). Over a `base` (resume=true: the run's config.json)
+    a given relative path is made absolute only when the base's is, so that resume compares the
+    two as absolute paths; an older run's recorded relative path stays as it was and is compared
+    as before. "" (the built-in corpus, no init) is not a path."""
+    absolute = {}
+    for key in PATH_KEYS:
+        value = getattr(cfg, key)
+        if not value or os.path.isabs(value) or value in NOT_PATHS.get(key, ()):
+            continue
+        if base is None and not os.path.exists(value):
+            continue
+        if base is not None and not os.path.isabs(getattr(base, key)):
+            continue
+        absolute[key] = os.path.abspath(value)
+    return replace(cfg, **absolute) if absolute else cfg
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -169,6 +169,23 @@ def test_sample_a_converted_run_with_the_hf_dirs_tokenizer(tmp_path, capsys):
     assert out.startswith("to be or") and len(out.rstrip("\n")) > len("to be or")
 
 
+def test_a_run_converted_from_a_relative_hf_dir_samples_from_another_directory(tmp_path, monkeypatch, capsys):
+    """convert hf=hf recorded init='hf' as typed: sample from any other directory could not find
+    the tokenizer files there. It records the absolute path."""
+    import json
+
+    from jaxpar import cli
+
+    _converted_run(tmp_path / "first", 512, 300)
+    monkeypatch.chdir(tmp_path / "first")
+    assert cli.main(["convert", "hf=hf", "out=again"]) == 0
+    assert json.loads((tmp_path / "first" / "again" / "config.json").read_text())["init"] == str(tmp_path / "first" / "hf")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert cli.main(["sample", "checkpoint=first/again", "prompt=to be or", "max_new_tokens=2", "top_k=1"]) == 0
+    assert capsys.readouterr().out.startswith("to be or")
+
+
 def test_sample_of_weights_with_a_nan_is_one_error_line(tmp_path, capsys):
     """NaN logits used to print the prompt and then token 0 max_new_tokens times, exit 0."""
     from gpt2common import data

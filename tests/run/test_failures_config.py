@@ -400,6 +400,31 @@ def test_a_relative_data_path_is_saved_absolute_and_resume_compares_absolute_pat
     assert str(e.value) == f"resume=true cannot change data='{absolute}' (run has 'pr/t.txt'): start a new run in another out"
 
 
+def test_a_relative_tokenizer_or_init_dir_is_saved_absolute_too(tmp_path, monkeypatch):
+    """tokenizer=<GPT-2 dir> and init=<HF dir> are recorded like data= (sample reads the tokenizer
+    files from either, resume compares tokenizer=); the names byte and bpe, and a hub name that is
+    no path here, stay as typed."""
+    monkeypatch.chdir(tmp_path)
+    for d in ("tok", "byte", "hfdir"):
+        (tmp_path / d).mkdir()
+    new = {"model": "gpt2-tiny", "out": "run"}
+    cfg = rundir.resolve_train({**new, "tokenizer": "tok"}, None)
+    assert cfg.tokenizer == str(tmp_path / "tok")
+    assert rundir.resolve_train({**new, "tokenizer": "byte"}, None).tokenizer == "byte"
+    assert C.resolve_kv({"init": "hfdir"}).init == str(tmp_path / "hfdir")
+    assert C.resolve_kv({"init": "gpt2"}).init == "gpt2"
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text(C.dumps(C.settings_of(cfg)))
+    monkeypatch.chdir(tmp_path / "hfdir")
+    assert rundir.resolve_train({"out": str(out), "resume": "true", "tokenizer": "../tok"}, None).tokenizer == \
+        str(tmp_path / "tok")
+    with pytest.raises(ConfigError) as e:
+        rundir.resolve_train({"out": str(out), "resume": "true", "tokenizer": "tok"}, None)
+    assert str(e.value) == (f"resume=true cannot change tokenizer='{tmp_path}/hfdir/tok' (run has "
+                            f"'{tmp_path}/tok'): start a new run in another out")
+
+
 def test_resume_with_a_missing_or_corrupt_config_json(tmp_path):
     with pytest.raises(ConfigError) as e:
         rundir.resolve_train({"out": str(tmp_path / "none"), "resume": "true"}, None)
