@@ -169,7 +169,7 @@ class _Hold(logging.Filter):
 class Restored:
     step: int
     params: Any
-    opt_state: Any | None  # None unless asked for
+    opt_state: Any | None  # None unless asked for, and for a weights-only step (`weights_only`)
     meta: dict
 
 
@@ -198,6 +198,14 @@ class _Corrupt(Exception):
     """A step whose bytes are wrong though orbax read them (checksum mismatch)."""
 
 
+def weights_only(ck: Checkpointer, step: int) -> bool:
+    """Whether `step` was saved without an optimizer state on purpose (`jaxpar convert hf=`): its
+    meta lists the checksums of params alone. A step whose opt_state went missing later still
+    lists it, and fails its restore as damaged."""
+    meta = ck.mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    return set(meta.get("checksums", {})) == {"params"}
+
+
 def _restore_step(ck: Checkpointer, step: int, abstract_params, abstract_opt_state, where: str) -> Restored:
     stored = ck.mngr.item_metadata(step)["params"]
     if stored is None:
@@ -206,7 +214,7 @@ def _restore_step(ck: Checkpointer, step: int, abstract_params, abstract_opt_sta
     # the metadata with other key types; a mismatch there still fails the restore itself.)
     _check_shapes(stored, abstract_params, "params", where)
     items = {"params": ocp.args.StandardRestore(abstract_params), "meta": ocp.args.JsonRestore()}
-    if abstract_opt_state is not None:
+    if abstract_opt_state is not None and not weights_only(ck, step):
         items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
     r = ck.mngr.restore(step, args=ocp.args.Composite(**items))
     meta = dict(r["meta"])

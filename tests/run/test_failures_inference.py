@@ -89,3 +89,26 @@ def test_converted_run_and_hf_dir_eval_alike_in_fp32(hf_dir, tmp_path, capsys):
     direct = json.loads(capsys.readouterr().out)
     assert ran["tokens"] == direct["tokens"] == 6 * 16  # (100 - 1) // 16 windows
     assert direct["loss"] == ran["loss"], (direct, ran)
+
+
+def test_resume_of_a_converted_run_trains_from_its_weights(tmp_path, capsys):
+    """`jaxpar convert hf=DIR out=RUN` writes step 0 with weights only; `train out=RUN resume=true`
+    stopped at "no readable checkpoint step (... 'opt_state' was not found ...)". It now continues
+    from those weights with fresh optimizer moments, which is what `init=DIR` starts from: the
+    two runs' losses agree exactly, step for step (same seed, data and window)."""
+    import json
+
+    mc = ModelConfig(n_layer=1, n_embd=16, n_head=2, vocab_size=300, n_positions=32)
+    hf.save_hf(str(tmp_path / "hf"), mc, init_params(mc, seed=0))
+    conv, fresh = tmp_path / "conv", tmp_path / "fresh"
+    assert cli.main(["convert", f"hf={tmp_path / 'hf'}", f"out={conv}"]) == 0
+    capsys.readouterr()
+    assert cli.main(["convert", f"checkpoint={conv}", f"to_state={tmp_path / 'st'}"]) == 2  # no moments to hand on
+    assert _error(capsys) == f"error: checkpoint={str(conv)!r} step 0 holds no optimizer state (an imported HF model)"
+    assert not (tmp_path / "st").exists()
+    common = ["train.steps=3", "train.batch_size=2", "train.eval_every=0", "progress=none"]
+    assert cli.main(["train", f"out={conv}", "resume=true", *common]) == 0, capsys.readouterr().err
+    assert cli.main(["train", f"init={tmp_path / 'hf'}", f"out={fresh}", "train.seq_len=32", *common]) == 0
+    losses = [[json.loads(ln)["loss"] for ln in open(d / "metrics.jsonl")] for d in (conv, fresh)]
+    assert len(losses[0]) == 3 and losses[0] == losses[1]
+    assert sorted(p.name for p in (conv / "ckpt").iterdir()) == ["0", "3"]
