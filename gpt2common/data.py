@@ -192,7 +192,7 @@ def read_meta(path: str, model_vocab: int | None = None) -> dict:
         meta = json.loads(Path(path, "meta.json").read_text())
         if type(meta["vocab_size"]) is not int:  # "300" passed int() and then failed `>` with a TypeError traceback
             raise ValueError
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # Recursion: json nested past the stack
         raise ConfigError(f"data={path!r}: meta.json is missing or corrupt") from None
     # What a hand edit or a partial copy breaks: the tokenizer that made the ids, and its vocab.
     kind, vocab = meta.get("tokenizer"), meta["vocab_size"]

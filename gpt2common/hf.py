@@ -51,7 +51,7 @@ def model_config_from_hf(path: str) -> ModelConfig:
         raise ConfigError(f"{path!r} is not an HF save_pretrained dir (no config.json)") from None
     except OSError as e:  # a directory named config.json, no read permission
         raise ConfigError(f"{path!r}: config.json cannot be read ({e.strerror})") from None
-    except ValueError:  # JSONDecodeError, UnicodeDecodeError (not UTF-8)
+    except (ValueError, RecursionError):  # JSONDecodeError, not UTF-8; nested past the stack (json recurses)
         raise ConfigError(f"{path!r}: config.json is corrupt") from None
     if not isinstance(c, dict):  # valid JSON but not an object: c.get was an AttributeError traceback
         raise ConfigError(f"{path!r}: config.json is corrupt")

@@ -129,7 +129,7 @@ def read_manifest(path: str, key: str) -> dict:
             m = json.load(f)
     except FileNotFoundError:
         raise ConfigError(f"{key}={path!r} has no {MANIFEST} (not a training-state dir)") from None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested past the stack (json recurses)
         raise ConfigError(f"{key}={path!r}: {MANIFEST} is corrupt") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise ConfigError(f"{key}={path!r}: {MANIFEST} is not a {FORMAT} manifest")

@@ -144,6 +144,8 @@ def load_plan(path: str) -> Plan:
         raise ConfigError(f"plan={path!r} does not exist") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"plan={path!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:  # json recurses per level
+        raise ConfigError(f"plan={path!r} is not valid JSON (nested past the parser's depth)") from None
     # any JSON value may stand there: `k in 5` was a TypeError traceback, `k in "..."` a substring test
     missing = [k for k in ("devices", "mesh", "microbatches", "repeats", "remat", "model", "batch_size", "seq_len",
                            "precision") if not isinstance(data, dict) or k not in data]

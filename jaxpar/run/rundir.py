@@ -68,8 +68,8 @@ def check_out_dir(cfg: Config, latest_step) -> tuple[int | None, bool]:
 
 def _load_config(path: str) -> Config:
     """The Config saved in `path` (a run's config.json). Raises OSError when the file cannot be
-    read, ValueError (not UTF-8, not JSON, a ConfigError from from_dict) or TypeError when it is not a
-    saved Config."""
+    read, ValueError (not UTF-8, not JSON, a ConfigError from from_dict), TypeError when it is not a
+    saved Config, or RecursionError (JSON nested past the interpreter's stack: json is recursive)."""
     with open(path, encoding="utf-8") as f:
         return C.from_dict(json.load(f))
 
@@ -85,7 +85,7 @@ def read_run_config(out: str) -> Config:
         raise ConfigError(f"resume=true but out={out!r} has no {CONFIG_FILE} (not a jaxpar run dir)") from None
     except OSError as e:  # a directory named config.json, no read permission
         raise ConfigError(f"resume=true but {path!r} cannot be read ({e.strerror})") from None
-    except (ValueError, TypeError):  # ValueError covers UnicodeDecodeError, JSONDecodeError and ConfigError
+    except (ValueError, TypeError, RecursionError):  # ValueError: UnicodeDecodeError, JSONDecodeError, ConfigError
         raise ConfigError(f"resume=true but {path!r} is corrupt") from None
 
 
@@ -98,7 +98,7 @@ def run_config(checkpoint: str) -> Config:
         raise ConfigError(f"checkpoint={checkpoint!r} has no {CONFIG_FILE} (not a jaxpar run dir)") from None
     except OSError as e:  # a directory named config.json, no read permission
         raise ConfigError(f"checkpoint={checkpoint!r}: {CONFIG_FILE} cannot be read ({e.strerror})") from None
-    except (ValueError, TypeError):  # ValueError covers UnicodeDecodeError, JSONDecodeError and ConfigError
+    except (ValueError, TypeError, RecursionError):  # ValueError: UnicodeDecodeError, JSONDecodeError, ConfigError
         raise ConfigError(f"checkpoint={checkpoint!r}: {CONFIG_FILE} is corrupt") from None
 
 

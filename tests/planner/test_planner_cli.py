@@ -165,6 +165,10 @@ def test_load_plan_errors(tmp_path):
             load_plan(str(bad))
         assert str(e.value) == (f"plan={str(bad)!r} is not a jaxpar plan (missing devices, mesh, microbatches, "
                                 "repeats, remat, model, batch_size, seq_len, precision)")
+    bad.write_text("[" * 100_000 + "]" * 100_000)  # json recurses per level: a RecursionError traceback
+    with pytest.raises(ConfigError) as e:
+        load_plan(str(bad))
+    assert str(e.value) == f"plan={str(bad)!r} is not valid JSON (nested past the parser's depth)"
 
 
 def test_apply_plan_for_train(tmp_path, monkeypatch):

@@ -126,8 +126,10 @@ def test_a_meta_json_whose_vocab_size_is_not_an_integer_is_corrupt(tmp_path):
     list) is the one-line corrupt error, not a TypeError traceback at the vocab comparison."""
     meta = data.prepare(TEXT, tmp_path, "byte")
     assert data.read_meta(str(tmp_path), 256) == meta
-    for doc in ({**meta, "vocab_size": "300"}, {**meta, "vocab_size": 256.0}, [meta]):
-        (tmp_path / "meta.json").write_text(json.dumps(doc))
+    deep = "[" * 100_000 + "]" * 100_000  # json recurses per level: a RecursionError traceback
+    for doc in (json.dumps({**meta, "vocab_size": "300"}), json.dumps({**meta, "vocab_size": 256.0}),
+                json.dumps([meta]), deep):
+        (tmp_path / "meta.json").write_text(doc)
         with pytest.raises(ConfigError) as e:
             data.read_meta(str(tmp_path), 256)
         assert str(e.value) == f"data={str(tmp_path)!r}: meta.json is missing or corrupt"

@@ -122,7 +122,7 @@ def test_a_config_json_that_cannot_be_read_is_one_error(tmp_path):
         hf.load_hf(str(tmp_path / "hf"), "hf")
     assert str(e.value) == f"hf={str(tmp_path / 'hf')!r}: config.json cannot be read (Is a directory)"
     cfg_json.rmdir()
-    cases = [(b"\xff\xfe{}", "config.json is corrupt")]
+    cases = [(b"\xff\xfe{}", "config.json is corrupt"), (b"[" * 100_000 + b"]" * 100_000, "config.json is corrupt")]
     cases += [(json.dumps({**json.loads(written), "layer_norm_epsilon": eps}).encode(),
                f"config.json has no positive number layer_norm_epsilon (got {eps!r})") for eps in ("x", -1e-5, None)]
     for doc, msg in cases:

@@ -61,6 +61,10 @@ def test_bad_dirs_are_one_line_errors(tmp_path):
     os.makedirs(tmp_path / "empty")
     with pytest.raises(ConfigError, match=r"has no manifest.json \(not a training-state dir\)"):
         fmt.read_manifest(str(tmp_path / "empty"), "init_state")
+    (tmp_path / "empty" / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)  # json recurses per level
+    with pytest.raises(ConfigError) as e:
+        fmt.read_manifest(str(tmp_path / "empty"), "init_state")
+    assert str(e.value) == f"init_state={str(tmp_path / 'empty')!r}: manifest.json is corrupt"
     with open(os.path.join(path, fmt.OPTIMIZER_FILE), "r+b") as f:  # one flipped byte in a tensor
         f.seek(-1, os.SEEK_END)
         last = f.read(1)
