@@ -8,6 +8,11 @@ subprocess that inherits this environment is pinned too. The GPU lane (`python -
 tests/gpu/) is the one run that leaves jax's own platform choice (the GPU where there is one):
 `pytest_configure` undoes the pin when the marker expression selects `gpu`.
 
+Compilation cache: the CLI subprocesses of one pytest run, on every xdist worker, share one
+persistent XLA cache (a temporary dir made here, before the workers start, and removed at exit;
+tests/support/cli_helpers.py hands it to them), so a configuration that tests in several files
+run is compiled once per run rather than once per worker.
+
 `ci` (default): every property test draws the same examples on every run (`derandomize`), so a
 landing is never decided by a lucky draw and a failure reproduces from the commit alone.
 `explore` (`HYPOTHESIS_PROFILE=explore python -m pytest ...`): fresh random draws each run, with
@@ -29,7 +34,17 @@ def selects_gpu_lane(markexpr: str) -> bool:
     return re.search(r"(?<!not )\bgpu\b", markexpr or "") is not None
 
 
+XLA_CACHE_ENV = "JAXPAR_TEST_XLA_CACHE"
+
+
 def pytest_configure(config):
+    if not os.environ.get(XLA_CACHE_ENV):  # the controller (or a -n 0 run); workers inherit it
+        import atexit
+        import shutil
+        import tempfile
+
+        os.environ[XLA_CACHE_ENV] = tempfile.mkdtemp(prefix="jaxpar-test-xla-cache-")
+        atexit.register(shutil.rmtree, os.environ[XLA_CACHE_ENV], ignore_errors=True)
     if not selects_gpu_lane(config.getoption("markexpr", "")):
         return
     # pytest's workers and the lane's subprocesses share one GPU: no process takes 75% of it up front

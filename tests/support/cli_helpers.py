@@ -1,7 +1,7 @@
 """Run the CLIs in subprocesses with a clean XLA_FLAGS (each run decides its own device count).
 
-Every subprocess of one pytest run shares a persistent XLA compilation cache (a temporary dir,
-removed at exit): tests that run the same configuration several times (a reference run, an
+Every subprocess of one pytest run, on every xdist worker, shares a persistent XLA compilation
+cache (a temporary dir the root conftest.py makes, removed at exit): tests that run the same configuration several times (a reference run, an
 interrupted run and its resume) compile its step once. A cache hit is the very executable a
 fresh compile would produce (the key covers the HLO, the compile options and the backend), so
 results are unchanged; only the ~15 s compile of gpt2-tiny's step on a loaded 2-core host goes.
@@ -17,8 +17,10 @@ import sys
 import tempfile
 import time
 
-_XLA_CACHE = tempfile.mkdtemp(prefix="jaxpar-test-xla-cache-")
-atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
+# one for every worker of the run (the root conftest.py makes it); a dir of its own otherwise
+_XLA_CACHE = os.environ.get("JAXPAR_TEST_XLA_CACHE") or tempfile.mkdtemp(prefix="jaxpar-test-xla-cache-")
+if _XLA_CACHE != os.environ.get("JAXPAR_TEST_XLA_CACHE"):
+    atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
 
 
 def clean_env(**extra) -> dict:
