@@ -4,6 +4,7 @@ what the HF weight format and the uint16 token files need), with the one-line er
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gpt2common.grammar import ConfigError, setting
@@ -61,7 +62,8 @@ def preset(name: str) -> ModelConfig:
 
 
 def check_shape(m: ModelConfig) -> None:
-    """Rules of the shape itself (no dropout/attention knobs): positive sizes, whole heads, ids that fit uint16."""
+    """Rules of the model both frameworks hold (no dropout/attention knobs): positive sizes, whole
+    heads, ids that fit uint16, a usable LayerNorm epsilon."""
     for name in SHAPE_KEYS:
         if getattr(m, name) <= 0:
             raise ConfigError(f"model.{name}={getattr(m, name)} must be positive")
@@ -69,3 +71,7 @@ def check_shape(m: ModelConfig) -> None:
         raise ConfigError(f"model.n_embd={m.n_embd} is not divisible by model.n_head={m.n_head}")
     if m.vocab_size > MAX_VOCAB:
         raise ConfigError(f"model.vocab_size={m.vocab_size} does not fit uint16 token files (max {MAX_VOCAB})")
+    # LayerNorm divides by sqrt(var + eps): eps <= 0 gives NaN (or inf) from step 1, which a run
+    # would blame on train.lr. NaN also reaches here from an HF config.json (json reads NaN).
+    if not (m.layer_norm_epsilon > 0 and math.isfinite(m.layer_norm_epsilon)):
+        raise ConfigError(f"model.layer_norm_epsilon={m.layer_norm_epsilon} must be positive and finite")

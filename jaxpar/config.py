@@ -11,7 +11,6 @@ import dataclasses
 import enum
 import importlib.util
 import json
-import math
 import os
 from dataclasses import dataclass, replace
 from typing import Any
@@ -192,10 +191,6 @@ def validate(cfg: Config) -> Config:
     check_shape(m)
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
-    # LayerNorm divides by sqrt(var + eps): eps <= 0 gives NaN (or inf) from step 1, which the run
-    # would blame on train.lr. NaN also reaches here from an HF config.json (json reads NaN).
-    if not (m.layer_norm_epsilon > 0 and math.isfinite(m.layer_norm_epsilon)):
-        raise ConfigError(f"model.layer_norm_epsilon={m.layer_norm_epsilon} must be positive and finite")
     if m.attention not in ATTENTIONS:
         raise ConfigError(f"model.attention={m.attention!r} must be one of {', '.join(ATTENTIONS)}")
     if m.attention != "auto" and m.dropout > 0:

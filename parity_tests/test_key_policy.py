@@ -131,7 +131,8 @@ BAD = ["model.n_layer=0", "model.n_embd=130", "model.n_head=-1", "model.vocab_si
        "train.steps=0", "train.batch_size=0", "train.seq_len=-2", "train.grad_accum=0", "train.warmup_steps=-1",
        "train.lr=0", "train.beta1=1", "train.beta2=-0.1", "train.min_lr_ratio=1.5", "train.eps=-1",
        "train.weight_decay=-0.1", "train.grad_clip=-1", "train.log_every=-1", "seed=-1", "seed=4294967296",
-       "train.grad_accum=3", "model=gpt3", "train.steps=x", "seed=1.5", "model.layer_norm_epsilon=nan", "trian.steps=1",
+       "train.grad_accum=3", "model=gpt3", "train.steps=x", "seed=1.5", "model.layer_norm_epsilon=nan", "model.layer_norm_epsilon=-1",
+       "model.layer_norm_epsilon=0", "trian.steps=1",
        "train.bogus=1", "bogus=1", "model.bogus=1", "mesh.bogus=1", "pipeline.bogus=1", "eval.bogus=1",
        "sharding.bogus=1", "bogus.x=1"]
 
