@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -219,3 +220,35 @@ def _flat(tree, prefix="") -> dict[str, np.ndarray]:
         else:
             out[prefix + k] = np.asarray(v)
     return out
+
+
+# What an HF dir's config.json sets (load_hf): with init= its weights decide these.
+INIT_MODEL_KEYS = ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "layer_norm_epsilon")
+
+
+def check_init_model_keys(given: dict, apply_model: Callable[[ModelConfig, dict], ModelConfig]) -> None:
+    """init= weights set the model (jaxpar and torchref replace the config's with theirs): a
+    `model=<preset>` or `model.<key>` given beside it (YAML or key=value) that disagrees with the
+    weights is refused, as bisect refuses model keys beside hf=, instead of being silently dropped.
+    Keys that agree pass, so a run's own config.json still starts it again. model.dropout and
+    model.attention are the run's own choices and apply on top. `apply_model(weights, keys)`: the
+    model those keys make over the weights' in the caller's config (a preset first, then model.*)."""
+    init = str(given.get("init", ""))
+    if not init:
+        return
+    keys = [k for k in given if k in ("model", "model_name") or (k.startswith("model.") and k[6:] in INIT_MODEL_KEYS)]
+    if not keys:
+        return
+    weights = load_hf_config(init, "init")
+    # the model the keys alone would make from the weights' (no validation: they may not fit a preset)
+    mine = apply_model(weights, {k: given[k] for k in keys})
+    differ = [f for f in INIT_MODEL_KEYS if getattr(mine, f) != getattr(weights, f)]
+    if not differ:
+        return
+    shown = [f"model.{f}={getattr(mine, f)}" for f in differ if f"model.{f}" in given]
+    preset = next((k for k in ("model", "model_name") if k in given), None)
+    if preset and len(shown) < len(differ):  # the rest comes from the preset
+        shown.insert(0, f"{preset}={given[preset]}")
+    theirs = ", ".join(f"{f}={getattr(weights, f)}" for f in differ)
+    raise ConfigError(f"model keys conflict with init={init!r}, whose weights set the model: {', '.join(shown)} "
+                      f"(the weights have {theirs})")

@@ -5,6 +5,7 @@ its keys in its own dataclasses (it imports nothing from jaxpar): the defaults, 
 it re-states are compared with jaxpar's here."""
 
 import dataclasses
+import os
 
 import pytest
 
@@ -172,3 +173,24 @@ def test_mirrored_and_same_math_keys_are_drawn_by_the_property_test():
     need = {k for k, (kind, _) in KEY_POLICY.items() if kind in ("mirrored", "same-math")}
     assert sorted(need - DRAWN_KEYS) == sorted(CHECKED_ELSEWHERE)
     assert DRAWN_KEYS <= set(KEY_POLICY)
+
+
+@pytest.mark.parametrize("keys", [["model.n_layer=4"], ["model=gpt2"], ["model.n_embd=256"], ["train.seq_len=512"]])
+def test_init_weights_set_the_model_in_both_with_the_same_error(tmp_path, capsys, keys):
+    """torchref train init=<HF dir> model.n_layer=4 trained the dir's 2 layers without a word, and
+    with the default train.seq_len=256 beside weights of n_positions=128 a worker died of an
+    IndexError in the position embedding. Both CLIs now print the same line, nothing written."""
+    from gpt2common import hf
+    from gpt2common.init import init_params
+    from jaxpar import cli as jaxpar_cli
+    from torchref import cli as torchref_cli
+
+    mc = dataclasses.replace(C.PRESETS["gpt2-tiny"], n_positions=128)
+    hf.save_hf(str(tmp_path / "hf"), mc, init_params(mc, 0))
+    args = [f"init={tmp_path / 'hf'}", *keys, "train.steps=1"]
+    assert jaxpar_cli.main(["train", *args, f"out={tmp_path / 'j'}"]) == 2
+    want = capsys.readouterr().err
+    assert want.startswith("error: ") and want.count("\n") == 1
+    assert torchref_cli.main(["train", "strategy=single", *args, f"out={tmp_path / 't'}"]) == 2
+    assert capsys.readouterr().err == want
+    assert sorted(os.listdir(tmp_path)) == ["hf"]

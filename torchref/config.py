@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpt2common.grammar import ConfigError, load_yaml, parse_kv, parse_value
+from gpt2common.hf import check_init_model_keys
 from torchref.run_config import RunConfig, apply_run_overrides, check_rejected, validate_run
 
 STRATEGY_NAMES = ("single", "single-ps", "distributed-ps", "horovod", "distributed-ps-amp", "horovod-amp")
@@ -190,6 +191,8 @@ def resolve_ref(args: list[str], config_file: str | None = None) -> tuple[RunCon
     precision = items.pop("precision", None)
     ours, theirs = split_items(items)
     ref = apply_ref_overrides(RefConfig(), ours)
+    # model keys beside init= that disagree with its weights: refused as `jaxpar train` refuses them
+    check_init_model_keys(theirs, lambda weights, kv: apply_run_overrides(RunConfig(model=weights), kv)[0].model)
     cfg, ignored = apply_run_overrides(RunConfig(), theirs)
     validate_run(cfg)
     cfg = replace(cfg, precision="bf16" if ref.is_amp and ref.amp.dtype == "bf16" else "fp32")

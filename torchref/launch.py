@@ -84,6 +84,7 @@ def prepare(cfg: RunConfig, ref: RefConfig):
     from gpt2common.outdir import make_out
     from torchref import handoff
     from torchref.model import initial_state_dict, save_weights
+    from torchref.run_config import validate_run
     from torchref.runtime import Job
 
     out = Path(cfg.out)
@@ -94,6 +95,7 @@ def prepare(cfg: RunConfig, ref: RefConfig):
     if cfg.init:  # the model shape comes from the weights, as in `jaxpar train init=`
         # dropout stays 0 (torchref rejects model.dropout > 0), not the HF config's resid_pdrop: as jaxpar train
         cfg = replace(cfg, model=model_config_from_hf(cfg.init))
+        validate_run(cfg)  # its checks once more: train.seq_len against the weights' n_positions, ...
     # Raw text is tokenized into <out>/data only after its checks (length, vocab) pass, and
     # re-tokenized when data= names another source than the one prepared there.
     data_dir = resolve_data(cfg.data, cfg.tokenizer, str(out), cfg.train.seq_len, cfg.model.vocab_size)

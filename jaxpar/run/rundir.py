@@ -150,37 +150,11 @@ def resolve_train(kv: dict, config_file: str | None, writer: bool = True) -> Con
     return cfg
 
 
-# What an HF dir's config.json sets (gpt2common.hf.load_hf): with init= its weights decide these.
-INIT_MODEL_KEYS = ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "layer_norm_epsilon")
-
-
 def check_init_model_keys(given: dict) -> None:
-    """init= weights set the model (jaxpar.run.loop.shaped_by_init replaces the config's): a
-    `model=<preset>` or `model.<key>` given beside it (YAML or key=value) that disagrees with the
-    weights is refused, as bisect refuses model keys beside hf=, instead of being silently dropped.
-    Keys that agree pass, so a run's own config.json still starts it again. Runs in
-    resolve_train before validation, which would otherwise judge the keys against the default preset
-    (model.n_embd=256 is not divisible by gpt2's 12 heads) and blame the wrong thing.
-    model.dropout and model.attention are the run's own choices and apply on top. `given`: the
-    YAML file's keys, then key=value's."""
-    init = str(given.get("init", ""))
-    if not init:
-        return
-    keys = [k for k in given if k in ("model", "model_name") or (k.startswith("model.") and k[6:] in INIT_MODEL_KEYS)]
-    if not keys:
-        return
+    """`model=` / `model.*` keys given beside init= that disagree with its weights are refused
+    (gpt2common.hf.check_init_model_keys), judged before validation, which would otherwise judge
+    them against the default preset and blame the wrong thing. `given`: the YAML file's keys, then
+    key=value's."""
     from gpt2common import hf
 
-    weights = hf.load_hf_config(init, "init")
-    # the model the keys alone would make from the weights' (no validation: they may not fit a preset)
-    mine = C.apply_overrides(C.Config(model=weights), {k: given[k] for k in keys}).model
-    differ = [f for f in INIT_MODEL_KEYS if getattr(mine, f) != getattr(weights, f)]
-    if not differ:
-        return
-    shown = [f"model.{f}={getattr(mine, f)}" for f in differ if f"model.{f}" in given]
-    preset = next((k for k in ("model", "model_name") if k in given), None)
-    if preset and len(shown) < len(differ):  # the rest comes from the preset
-        shown.insert(0, f"{preset}={given[preset]}")
-    theirs = ", ".join(f"{f}={getattr(weights, f)}" for f in differ)
-    raise ConfigError(f"model keys conflict with init={init!r}, whose weights set the model: {', '.join(shown)} "
-                      f"(the weights have {theirs})")
+    hf.check_init_model_keys(given, lambda weights, kv: C.apply_overrides(C.Config(model=weights), kv).model)
