@@ -417,7 +417,7 @@ def test_a_relative_tokenizer_or_init_dir_is_saved_absolute_too(tmp_path, monkey
     out.mkdir()
     (out / "config.json").write_text(C.dumps(C.settings_of(cfg)))
     monkeypatch.chdir(tmp_path / "hfdir")
-    assert rundir.resolve_train({"out": str(out), "resume": "true", "tokenizer": "../tok"}, None).tokenizer == \
+    assert rundir.resolve_train({"out": str(out), "resume": "true", "tokenizer": os.path.join("..", "tok")}, None).tokenizer == \
         str(tmp_path / "tok")
     with pytest.raises(ConfigError) as e:
         rundir.resolve_train({"out": str(out), "resume": "true", "tokenizer": "tok"}, None)
