@@ -147,13 +147,24 @@ def test_invalid_held_values_give_jaxpars_error(arg):
     assert str(got.value) == str(want.value)
 
 
-def test_precision_and_init_policies():
+def test_precision_and_init_policies(tmp_path):
+    from gpt2common import hf
+    from gpt2common.init import init_params
+    from jaxpar.run.rundir import resolve_train
+
     cfg, _ = resolve_ref(TINY + ["precision=fp32"])
     assert cfg.precision == "fp32"
     cfg, _ = resolve_ref(TINY + ["strategy=distributed-ps-amp", "workers=2", "precision=bf16"])
     assert cfg.precision == "bf16"
-    cfg, _ = resolve_ref(TINY + ["init=some/hf_dir"])
-    assert cfg.init == "some/hf_dir"
+    hf.save_hf(str(tmp_path / "hf"), C.PRESETS["gpt2-tiny"], init_params(C.PRESETS["gpt2-tiny"], 0))
+    cfg, _ = resolve_ref(TINY + [f"init={tmp_path / 'hf'}"])  # model=gpt2-tiny agrees with the weights
+    assert cfg.init == str(tmp_path / "hf")
+    # model keys beside an init= that is no HF dir: the weights cannot be compared, in both
+    with pytest.raises(ConfigError) as want:
+        resolve_train(C.parse_kv(TINY + ["init=some/hf_dir"]), None)
+    with pytest.raises(ConfigError) as got:
+        resolve_ref(TINY + ["init=some/hf_dir"])
+    assert str(got.value) == str(want.value) == "init='some/hf_dir' is not an HF save_pretrained dir (no config.json)"
 
 
 # Mirrored / same-math keys the property test does not draw, and where they are checked instead.
