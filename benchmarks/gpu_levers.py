@@ -82,10 +82,7 @@ def command(lever: str, args, out: str) -> list[str]:
 
 def lever_env(lever: str, env: dict[str, str]) -> dict[str, str]:
     """`env` with the lever's XLA flags in XLA_FLAGS (replacing any of the same name)."""
-    flags = LEVERS[lever][1]
-    names = {f.split("=")[0] for f in flags}
-    keep = [f for f in env.get("XLA_FLAGS", "").split() if f.split("=")[0] not in names]
-    return {**env, "XLA_FLAGS": " ".join([*keep, *flags])}
+    return {**env, "XLA_FLAGS": xla_flags.merge_flags(env.get("XLA_FLAGS", ""), LEVERS[lever][1], override=True)}
 
 
 def run_one(lever: str, args, timeout: float) -> dict:

@@ -52,11 +52,18 @@ def has_nvidia_gpu(env: MutableMapping[str, str] | None = None) -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*")) or shutil.which("nvidia-smi") is not None
 
 
+def merge_flags(xla_flags: str, flags, override: bool) -> str:
+    """`xla_flags` plus `flags`. A flag named in both: `override` keeps the one in `flags` (a
+    benchmark lever), else the one already in `xla_flags` (the user's, over a default)."""
+    names = {f.split("=", 1)[0] for f in (flags if override else xla_flags.split())}
+    if override:
+        return " ".join([*(f for f in xla_flags.split() if f.split("=", 1)[0] not in names), *flags])
+    return " ".join([*xla_flags.split(), *(f for f in flags if f.split("=", 1)[0] not in names)])
+
+
 def with_gpu_defaults(xla_flags: str) -> str:
     """`xla_flags` plus every GPU_FLAGS entry whose name it does not set already."""
-    have = {f.split("=", 1)[0] for f in xla_flags.split()}
-    extra = [f for f in GPU_FLAGS if f.split("=", 1)[0] not in have]
-    return " ".join([*xla_flags.split(), *extra])
+    return merge_flags(xla_flags, GPU_FLAGS, override=False)
 
 
 def apply_gpu_defaults(env: MutableMapping[str, str] | None = None) -> bool:
