@@ -268,10 +268,8 @@ def _initial_state(cfg, trainer, init_params, resume_step, ds) -> tuple[dict, in
             raise ConfigError(f"train.steps={cfg.train.steps} is below the step of the checkpoint to resume ({step})")
 
     r = restore(cfg.out, target["params"], target["opt_state"], quarantine=True, key="out", accept=accept)
-    if r.opt_state is None:  # weights only (a run made by `jaxpar convert hf=`): fresh moments
-        state = {**trainer.init_state(r.params), "step": None}
-    else:
-        state = {"params": r.params, "opt_state": r.opt_state}
+    # weights only (a run made by `jaxpar convert hf=`): fresh optimizer moments
+    state = trainer.init_state(r.params) if r.opt_state is None else {"params": r.params, "opt_state": r.opt_state}
     state["step"] = jax.device_put(np.int32(r.step), trainer.state_shardings["step"])
     return state, r.step, int(r.meta.get("nonfinite_skipped", 0))
 

@@ -305,3 +305,15 @@ def test_only_orbax_read_failures_are_dropped_as_orphans():
     record = logging.LogRecord("asyncio", logging.ERROR, "x", 1, "Exception in callback", None,
                                (Exception, read, read.__traceback__))
     assert C._OrphanedReadTasks().filter(record) is True
+
+
+def test_a_step_that_lost_its_whole_opt_state_is_damaged_not_weights_only(two_steps, capsys):
+    """A step saved without an optimizer state on purpose (`jaxpar convert hf=`) restores with
+    opt_state None; one whose opt_state dir went missing still lists opt_state's checksums in its
+    meta, so it is unreadable and the previous step is used."""
+    import shutil
+
+    shutil.rmtree(two_steps / "ckpt" / "2" / "opt_state")
+    r = restore(str(two_steps), P_ABS, O_ABS)
+    assert r.step == 1 and int(r.opt_state["count"]) == 1
+    assert len(_warnings(capsys.readouterr().err)) == 1
