@@ -205,3 +205,30 @@ def test_init_weights_set_the_model_in_both_with_the_same_error(tmp_path, capsys
     assert torchref_cli.main(["train", "strategy=single", *args, f"out={tmp_path / 't'}"]) == 2
     assert capsys.readouterr().err == want
     assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
+def test_init_by_a_cached_hub_name_and_a_missing_init_in_both(tmp_path, monkeypatch, capsys):
+    """init=org/name resolves to the local HF cache's snapshot in torchref as in jaxpar (torchref
+    read the model from `org/name` as a dir and refused it), and a name that is neither is the
+    same line from both CLIs, naming the key."""
+    import huggingface_hub.constants
+
+    from gpt2common import hf
+    from gpt2common.init import init_params
+    from jaxpar import cli as jaxpar_cli
+    from torchref import cli as torchref_cli
+    from torchref.launch import prepare
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    repo = tmp_path / "hub" / "models--someorg--tiny-gpt2"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    mc = dataclasses.replace(C.PRESETS["gpt2-tiny"], n_positions=128)
+    hf.save_hf(str(repo / "snapshots" / ("0" * 40)), mc, init_params(mc, 0))
+    job = prepare(*resolve_ref(["strategy=single", "init=someorg/tiny-gpt2", "train.seq_len=32", "out=t"]))
+    assert job.cfg.model == mc
+    for cli, extra in ((jaxpar_cli, []), (torchref_cli, ["strategy=single"])):
+        assert cli.main(["train", *extra, "init=someorg/not-cached", "out=none"]) == 2
+        assert capsys.readouterr().err == "error: init='someorg/not-cached' is not an HF save_pretrained dir (no config.json)\n"
+    assert not (tmp_path / "none").exists()

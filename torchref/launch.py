@@ -80,7 +80,7 @@ def check_out(out: Path) -> None:
 def prepare(cfg: RunConfig, ref: RefConfig):
     """Everything that can fail with a user error, done once before any process starts."""
     from gpt2common.data import Dataset, resolve_data
-    from gpt2common.hf import hf_config_dict, model_config_from_hf
+    from gpt2common.hf import hf_config_dict, load_hf_config
     from gpt2common.outdir import make_out
     from torchref import handoff
     from torchref.model import initial_state_dict, save_weights
@@ -94,7 +94,7 @@ def prepare(cfg: RunConfig, ref: RefConfig):
         cfg = replace(cfg, init_state=os.path.abspath(cfg.init_state))
     if cfg.init:  # the model shape comes from the weights, as in `jaxpar train init=`
         # dropout stays 0 (torchref rejects model.dropout > 0), not the HF config's resid_pdrop: as jaxpar train
-        cfg = replace(cfg, model=model_config_from_hf(cfg.init))
+        cfg = replace(cfg, model=load_hf_config(cfg.init, "init"))  # an HF dir, or a hub name's cached snapshot
         validate_run(cfg)  # its checks once more: train.seq_len against the weights' n_positions, ...
     # Raw text is tokenized into <out>/data only after its checks (length, vocab) pass, and
     # re-tokenized when data= names another source than the one prepared there.

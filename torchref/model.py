@@ -56,7 +56,7 @@ def initial_state_dict(cfg: RunConfig) -> dict[str, np.ndarray]:
     from gpt2common.init import init_params
 
     if cfg.init:
-        mcfg, params = load_hf(cfg.init)
+        mcfg, params = load_hf(cfg.init, "init")
         return to_hf_state_dict(mcfg, params)
     return to_hf_state_dict(cfg.model, init_params(cfg.model, cfg.seed))
 
