@@ -121,14 +121,17 @@ def prepare(cfg: RunConfig, ref: RefConfig):
 
 
 def _storage_or(job, world: int, died: WorkerDied) -> Exception:
-    """What a worker death is reported as: the storage failure behind it (CLI exit 4), else `died`."""
+    """What a worker death is reported as: the storage failure behind it (CLI exit 4), the
+    non-finite step it stopped at (exit 2, as jaxpar's), else `died`."""
     from gpt2common.writes import WriteFailed
-    from torchref.rank_exit import storage_failure
+    from torchref.rank_exit import nonfinite_failure, storage_failure
 
-    if (line := storage_failure(job.out, world)) is None:
-        return died
-    others = f"; stopped the other {world - 1}" if world > 1 else ""
-    return WriteFailed(f"strategy={job.ref.strategy}: {line}{others} (logs in {job.out}/logs)")
+    if (line := storage_failure(job.out, world)) is not None:
+        others = f"; stopped the other {world - 1}" if world > 1 else ""
+        return WriteFailed(f"strategy={job.ref.strategy}: {line}{others} (logs in {job.out}/logs)")
+    if (line := nonfinite_failure(job.out, world)) is not None:
+        return ConfigError(f"strategy={job.ref.strategy}: {line}")
+    return died
 
 
 def _child(job, rank: int, world: int) -> None:

@@ -164,3 +164,47 @@ def test_a_rank_killed_by_a_signal_is_a_death_and_the_others_are_stopped(monkeyp
             os.close(fd)
     assert res == {"status": "died", "rank": 1, "code": -9}
     assert not zygote._children and not (tmp_path / "rank0_finished").exists()
+
+
+# --- a step whose loss or gradient norm is not finite: every strategy stops there, as jaxpar does.
+# lr=1e6 turns the tiny model's loss into NaN at step 2 (it trained on to "final_loss": NaN, exit 0).
+BLOWUP = ["model=gpt2-tiny", "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "train.seq_len=16",
+          "train.batch_size=4", "train.steps=6", "train.lr=1e6", "train.warmup_steps=0"]
+
+
+@pytest.mark.parametrize("strategy", [
+    ["strategy=distributed-ps", "workers=2"],  # DDP (single's loop): every rank stops at the same step
+    ["strategy=horovod-amp", "workers=2", "amp.dtype=fp16"],  # mpiexec; GradScaler: the loss alone decides
+    ["strategy=single-ps", "workers=2"],  # the server stops; its workers lose it
+    ["strategy=single-ps", "workers=2", "ps.async=true"],
+], ids=lambda a: "-".join(x.split("=")[1] for x in a))
+def test_a_nonfinite_step_stops_every_strategy_with_one_line(tmp_path, strategy):
+    import json
+    import re
+
+    from support.cli_helpers import run
+
+    r = run(["train", *BLOWUP, *strategy, f"out={tmp_path / 'run'}"], tool="torchref")
+    assert r.returncode == 2, r.stderr[-3000:]
+    m = re.fullmatch(rf"error: {strategy[0]}: step (\d+): non-finite loss or gradient norm \(loss=nan, "
+                     r"grad_norm=(\S+)\); the update was not applied and the run stopped; lower train\.lr\n", r.stderr)
+    assert m, r.stderr[-3000:]
+    bad = int(m.group(1))
+    rows = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # the steps before it were logged, finite; the non-finite one was not applied, so not logged
+    assert 2 <= bad <= 6 and [row["step"] for row in rows] == list(range(1, bad))
+    assert all(row["loss"] == row["loss"] for row in rows)  # no NaN among them
+    assert not (tmp_path / "run" / "summary.json").exists() and not (tmp_path / "run" / "hf").exists()
+
+
+def test_check_finite_boundaries():
+    from torchref.rank_exit import NonFinite, check_finite
+
+    check_finite(1, 5.5, 1e38)
+    check_finite(1, 0.0, float("inf"), norm_counts=False)  # a GradScaler step it skips itself
+    for loss, norm, counts in ((float("nan"), 1.0, True), (float("inf"), 1.0, False), (1.0, float("nan"), True),
+                               (-float("inf"), 1.0, True), (1.0, float("inf"), True)):
+        with pytest.raises(NonFinite) as e:
+            check_finite(7, loss, norm, norm_counts=counts)
+        assert str(e.value) == (f"step 7: non-finite loss or gradient norm (loss={loss}, grad_norm={norm}); the update "
+                                "was not applied and the run stopped; lower train.lr")

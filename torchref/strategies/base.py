@@ -26,6 +26,7 @@ from torchref.comm import ByteCounter
 from torchref.handoff import due
 from torchref.handoff import save as save_state
 from torchref.model import build_model, clip_grads_, loss_fn, lr_at, make_optimizer, set_lr
+from torchref.rank_exit import check_finite
 from torchref.runtime import Context, Metrics, timer
 
 
@@ -95,6 +96,8 @@ def allreduce_train_loop(ctx: Context, worker: int, n: int, make_hooks: Callable
         if worker == 0:
             ctx.save_grads(step + 1, {name: p.grad for name, p in named})
         norm = clip_grads_(params, t.grad_clip)
+        gl = hooks.global_loss(local_loss)  # the same on every rank, as norm is: all stop at one step
+        check_finite(step + 1, gl, norm, norm_counts=scaler is None)
         lr = lr_at(t, step)
         set_lr(opt, lr)
         if scaler:
@@ -102,7 +105,6 @@ def allreduce_train_loop(ctx: Context, worker: int, n: int, make_hooks: Callable
             scaler.update()
         else:
             opt.step()
-        gl = hooks.global_loss(local_loss)
         dt = timer() - t0
         sent, received = hooks.bytes_this_step()
         totals.add(sent, received)

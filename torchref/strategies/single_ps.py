@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from torchref.comm import ByteCounter, flatten, unflatten_into
 from torchref.model import build_model, clip_grads_, hf_state_dict, lr_at, make_optimizer, save_weights, set_lr
+from torchref.rank_exit import check_finite
 from torchref.runtime import Metrics, timer
 from torchref.strategies.base import Strategy, accumulate
 
@@ -94,6 +95,8 @@ def serve(ctx) -> None:
         unflatten_into(avg, [p.grad for p in params])
         ctx.save_grads(step + 1, {name: p.grad for name, p in named})
         norm = clip_grads_(params, t.grad_clip)
+        loss = float(sum(float(x[0]) for x in losses)) / n
+        check_finite(step + 1, loss, norm)  # the workers then lose the server and stop
         lr = lr_at(t, step)
         set_lr(opt, lr)
         opt.step()
@@ -105,7 +108,6 @@ def serve(ctx) -> None:
         s, r = counter.take()
         ws, wr = per_worker.take()
         totals.add(s, r)
-        loss = float(sum(float(x[0]) for x in losses)) / n
         metrics.log(step + 1, loss, dt, bytes_sent=ws, bytes_received=wr, server_bytes_sent=s,
                     server_bytes_received=r, lr=lr, grad_norm=norm)
     metrics.close()
@@ -174,6 +176,7 @@ def serve_async(ctx) -> None:
                 p.grad = torch.empty_like(p)
             unflatten_into(grad, [p.grad for p in params])
             norm = clip_grads_(params, t.grad_clip)
+            check_finite(version + 1, float(hdr[1]), norm)
             lr = lr_at(t, version)
             set_lr(opt, lr)
             opt.step()
