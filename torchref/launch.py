@@ -120,7 +120,7 @@ def prepare(cfg: RunConfig, ref: RefConfig):
     return job
 
 
-def _storage_or(job, world: int, died: WorkerDied) -> Exception:
+def _cause_or(job, world: int, died: WorkerDied) -> Exception:
     """What a worker death is reported as: the storage failure behind it (CLI exit 4), the
     non-finite step it stopped at (exit 2, as jaxpar's), else `died`."""
     from gpt2common.writes import WriteFailed
@@ -189,7 +189,7 @@ def run_forked(job, world: int) -> None:
     if res["status"] != "ok":
         r, c = res["rank"], res["code"]
         why = f"signal {-c}" if c < 0 else f"exit code {c}"
-        raise _storage_or(job, world, WorkerDied(f"strategy={job.ref.strategy}: process rank {r} of {world} died "
+        raise _cause_or(job, world, WorkerDied(f"strategy={job.ref.strategy}: process rank {r} of {world} died "
                                                  f"({why}); stopped the other {world - 1} (logs in {job.out}/logs)"))
 
 
@@ -217,7 +217,7 @@ def run_mpi(job, world: int) -> None:
         log.close()
     if rc != 0:
         died = [r for r in range(world) if not os.path.exists(os.path.join(job.out, "procs", f"rank{r}.json"))]
-        raise _storage_or(job, world, WorkerDied(
+        raise _cause_or(job, world, WorkerDied(
             f"strategy={job.ref.strategy}: an MPI rank died (mpiexec exit code {rc}, unfinished ranks {died}); "
             f"mpiexec stopped the others (logs in {job.out}/logs)"))
 
