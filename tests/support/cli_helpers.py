@@ -3,9 +3,9 @@
 Every subprocess of one pytest run, on every xdist worker, shares a persistent XLA compilation
 cache (a temporary dir the root conftest.py makes, removed at exit): tests that run the same
 configuration several times (a reference run, an interrupted run and its resume) compile its
-step once. A cache hit is the very executable a
-fresh compile would produce (the key covers the HLO, the compile options and the backend), so
-results are unchanged; only the ~15 s compile of gpt2-tiny's step on a loaded 2-core host goes.
+step once. A cache hit is the very executable a fresh compile would produce (the key covers the
+HLO, the compile options and the backend), so results are unchanged; only the ~15 s compile of
+gpt2-tiny's step on a loaded 2-core host goes.
 """
 
 from __future__ import annotations
