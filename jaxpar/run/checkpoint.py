@@ -198,11 +198,10 @@ class _Corrupt(Exception):
     """A step whose bytes are wrong though orbax read them (checksum mismatch)."""
 
 
-def weights_only(ck: Checkpointer, step: int) -> bool:
-    """Whether `step` was saved without an optimizer state on purpose (`jaxpar convert hf=`): its
-    meta lists the checksums of params alone. A step whose opt_state went missing later still
-    lists it, and fails its restore as damaged."""
-    meta = ck.mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+def weights_only(meta: dict) -> bool:
+    """Whether a step with this meta was saved without an optimizer state on purpose (`jaxpar
+    convert hf=`): it lists the checksums of params alone. A step whose opt_state went missing
+    later still lists it, and fails its restore as damaged."""
     return set(meta.get("checksums", {})) == {"params"}
 
 
@@ -213,11 +212,12 @@ def _restore_step(ck: Checkpointer, step: int, abstract_params, abstract_opt_sta
     # Params only: their paths are plain dict keys. (opt_state's optax tuples come back from
     # the metadata with other key types; a mismatch there still fails the restore itself.)
     _check_shapes(stored, abstract_params, "params", where)
-    items = {"params": ocp.args.StandardRestore(abstract_params), "meta": ocp.args.JsonRestore()}
-    if abstract_opt_state is not None and not weights_only(ck, step):
+    # meta first: it says whether the step holds an optimizer state at all
+    meta = dict(ck.mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+    items = {"params": ocp.args.StandardRestore(abstract_params)}
+    if abstract_opt_state is not None and not weights_only(meta):
         items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
     r = ck.mngr.restore(step, args=ocp.args.Composite(**items))
-    meta = dict(r["meta"])
     want = meta.get("checksums", {})  # absent in checkpoints written before checksums existed
     for item in ("params", "opt_state"):
         if item in want and item in items and checksums(r[item]) != want[item]:
