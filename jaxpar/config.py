@@ -274,14 +274,14 @@ def resolve_kv(kv: dict[str, Any], config_file: str | None = None, base: Config 
         file_kv = load_yaml(config_file)
     if file_kv:
         cfg = apply_overrides(cfg, file_kv)
-    return _absolute_paths(validate(apply_overrides(cfg, kv)), base)
+    return absolute_paths(validate(apply_overrides(cfg, kv)), base)
 
 
 PATH_KEYS = ("data", "tokenizer", "init")  # settings that may name a file or dir a run records
 NOT_PATHS = {"tokenizer": ("byte", "bpe")}  # values that name no path, whatever the working dir holds
 
 
-def _absolute_paths(cfg: Config, base: Config | None) -> Config:
+def absolute_paths(cfg: Config, base: Config | None) -> Config:
     """`data=`, `tokenizer=<dir>` and `init=<dir>` as paths that mean the same from any working
     directory: a run records them in its config.json, and resume=true, eval and sample may start
     elsewhere (a relative path then names nothing, or another dataset). A new config's relative

@@ -237,9 +237,9 @@ def convert(argv: list[str]) -> int:
         mc, params = hf.load_hf(kv["hf"], "hf")
         # a model with fewer positions than the default window gets a window it can run (sample, eval)
         train = C.TrainConfig(seq_len=min(C.TrainConfig.seq_len, mc.n_positions))
-        # init= recorded absolute: sample reads the tokenizer files there from any working dir
-        init = os.path.abspath(kv["hf"]) if os.path.exists(kv["hf"]) else kv["hf"]
-        cfg = C.Config(model=mc, model_name=f"hf:{kv['hf']}", init=init, out=kv["out"], train=train)
+        # init= recorded absolute (config.absolute_paths): sample reads the tokenizer files there from any dir
+        cfg = C.absolute_paths(C.Config(model=mc, model_name=f"hf:{kv['hf']}", init=kv["hf"], out=kv["out"],
+                                        train=train), None)
         lock = hold(kv["out"])  # a writer like train: one at a time
         try:
             with open(os.path.join(kv["out"], "config.json"), "w") as f:
