@@ -317,3 +317,15 @@ def test_a_step_that_lost_its_whole_opt_state_is_damaged_not_weights_only(two_st
     r = restore(str(two_steps), P_ABS, O_ABS)
     assert r.step == 1 and int(r.opt_state["count"]) == 1
     assert len(_warnings(capsys.readouterr().err)) == 1
+
+
+def test_a_step_written_before_checksums_still_restores_its_opt_state(two_steps):
+    """Checkpoints from before the checksums existed have none in their meta: that is no sign of a
+    weights-only step, and their optimizer state comes back."""
+    path = _files(two_steps, 2, "meta/metadata")[0]
+    meta = json.loads(open(path).read())
+    del meta["checksums"]
+    with open(path, "w") as f:
+        json.dump(meta, f)
+    r = restore(str(two_steps), P_ABS, O_ABS)
+    assert r.step == 2 and int(r.opt_state["count"]) == 2
