@@ -180,11 +180,11 @@ def run_train(cfg: Config) -> int:
             resume_step, restart = rundir.check_out_dir(cfg, _latest_step)
         ds = _prepare_data(cfg, is_main)
         trainer = build_trainer(layout)
-        state, start, skipped = _initial_state(cfg, trainer, init_params, resume_step, ds)
+        state, start, skipped, origin = _initial_state(cfg, trainer, init_params, resume_step, ds)
         # after the restore, which may have moved damaged steps aside
         ckpt = Checkpointer(cfg.out, max_to_keep=cfg.train.keep_checkpoints)
         try:
-            return _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, stop, is_main)
+            return _train(cfg, trainer, ckpt, ds, (state, start, skipped, origin), resume_step, restart, stop, is_main)
         except (jax.errors.JaxRuntimeError, ValueError) as e:
             if jax.process_count() == 1 or not _peer_lost(e):
                 raise
@@ -253,14 +253,16 @@ def _lost_peer(e: Exception) -> None:
     os._exit(LOST_PEER_EXIT)
 
 
-def _initial_state(cfg, trainer, init_params, resume_step, ds) -> tuple[dict, int, int]:
-    """(state, start step, non-finite steps skipped so far): fresh, from `init_state=`, or the newest
-    intact checkpoint resharded onto this mesh (damaged steps skipped, see jaxpar.run.checkpoint.restore)."""
+def _initial_state(cfg, trainer, init_params, resume_step, ds) -> tuple[dict, int, int, str]:
+    """(state, start step, non-finite steps skipped so far, the line that says where they came from,
+    "" for a fresh start): fresh, from `init_state=`, or the newest intact checkpoint resharded onto
+    this mesh (damaged steps skipped, see jaxpar.run.checkpoint.restore)."""
     if resume_step is None and cfg.init_state:  # the state's step, weights and moments, on this mesh
-        return handoff.initial_state(cfg, trainer, handoff.check_init_state(cfg), ds)
+        state, start, skipped = handoff.initial_state(cfg, trainer, handoff.check_init_state(cfg), ds)
+        return state, start, skipped, f"continuing the training state {cfg.init_state} from step {start}"
     if resume_step is None:
         params = init_params if init_params is not None else gpt2.init_params(cfg.model, cfg.seed)
-        return trainer.init_state(params), 0, 0
+        return trainer.init_state(params), 0, 0, ""
     target = trainer.abstract_state()
 
     def accept(step: int) -> None:  # checked before damaged steps are moved aside: a refusal moves nothing
@@ -268,14 +270,19 @@ def _initial_state(cfg, trainer, init_params, resume_step, ds) -> tuple[dict, in
             raise ConfigError(f"train.steps={cfg.train.steps} is below the step of the checkpoint to resume ({step})")
 
     r = restore(cfg.out, target["params"], target["opt_state"], quarantine=True, key="out", accept=accept)
-    # weights only (a run made by `jaxpar convert hf=`): fresh optimizer moments
-    state = trainer.init_state(r.params) if r.opt_state is None else {"params": r.params, "opt_state": r.opt_state}
+    origin = f"resumed from step {r.step} ({os.path.join(cfg.out, 'ckpt')})"
+    if r.opt_state is None:  # weights only (a run made by `jaxpar convert hf=`): fresh optimizer moments
+        state, origin = trainer.init_state(r.params), f"{origin} with fresh optimizer moments: the step holds weights only"
+    else:
+        state = {"params": r.params, "opt_state": r.opt_state}
     state["step"] = jax.device_put(np.int32(r.step), trainer.state_shardings["step"])
-    return state, r.step, int(r.meta.get("nonfinite_skipped", 0))
+    return state, r.step, int(r.meta.get("nonfinite_skipped", 0)), origin
 
 
-def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, stop, is_main) -> int:
+def _train(cfg, trainer, ckpt, ds, initial, resume_step, restart, stop, is_main) -> int:
+    """Train from `initial` = (state, start step, non-finite steps skipped, origin line) of _initial_state."""
     tc = cfg.train
+    state, start, skipped, origin = initial
     # Written only now, after the config, data and checkpoint checked out.
     wandb_run = None
     if is_main:
@@ -294,10 +301,8 @@ def _train(cfg, trainer, ckpt, ds, state, start, skipped, resume_step, restart, 
     peak = peak * jax.device_count() if peak else None
     logger = MetricsLogger(cfg.out, tc.steps, start, cfg.progress, enabled=is_main, print_every=tc.log_every,
                            wandb_run=wandb_run)
-    if resume_step is not None:
-        logger.message(f"resumed from step {start} ({os.path.join(cfg.out, 'ckpt')})")
-    elif cfg.init_state:
-        logger.message(f"continuing the training state {cfg.init_state} from step {start}")
+    if origin:
+        logger.message(origin)
     elif restart:
         logger.message(f"out={cfg.out} held a run that failed before its first checkpoint; starting it over")
     fault = _fault_injection()

@@ -106,9 +106,12 @@ def test_resume_of_a_converted_run_trains_from_its_weights(tmp_path, capsys):
     assert cli.main(["convert", f"checkpoint={conv}", f"to_state={tmp_path / 'st'}"]) == 2  # no moments to hand on
     assert _error(capsys) == f"error: checkpoint={str(conv)!r} step 0 holds no optimizer state (an imported HF model)"
     assert not (tmp_path / "st").exists()
-    common = ["train.steps=3", "train.batch_size=2", "train.eval_every=0", "progress=none"]
-    assert cli.main(["train", f"out={conv}", "resume=true", *common]) == 0, capsys.readouterr().err
-    assert cli.main(["train", f"init={tmp_path / 'hf'}", f"out={fresh}", "train.seq_len=32", *common]) == 0
+    common = ["train.steps=3", "train.batch_size=2", "train.eval_every=0"]
+    assert cli.main(["train", f"out={conv}", "resume=true", *common, "progress=plain"]) == 0, capsys.readouterr().err
+    assert (f"resumed from step 0 ({conv / 'ckpt'}) with fresh optimizer moments: the step holds weights only"
+            in capsys.readouterr().out.splitlines())
+    assert cli.main(["train", f"init={tmp_path / 'hf'}", f"out={fresh}", "train.seq_len=32", *common,
+                     "progress=none"]) == 0
     losses = [[json.loads(ln)["loss"] for ln in open(d / "metrics.jsonl")] for d in (conv, fresh)]
     assert len(losses[0]) == 3 and losses[0] == losses[1]
     assert sorted(p.name for p in (conv / "ckpt").iterdir()) == ["0", "3"]
