@@ -8,10 +8,12 @@ subprocess that inherits this environment is pinned too. The GPU lane (`python -
 tests/gpu/) is the one run that leaves jax's own platform choice (the GPU where there is one):
 `pytest_configure` undoes the pin when the marker expression selects `gpu`.
 
-Compilation cache: the CLI subprocesses of one pytest run, on every xdist worker, share one
-persistent XLA cache (a temporary dir made here, before the workers start, and removed at exit;
-tests/support/cli_helpers.py hands it to them), so a configuration that tests in several files
-run is compiled once per run rather than once per worker.
+Compilation cache: the test processes of one pytest run (every xdist worker) and the CLI
+subprocesses they start share one persistent XLA cache (a temporary dir made here, before the
+workers start, and removed at exit; tests/support/cli_helpers.py hands it to the subprocesses), so
+a configuration that tests in several files run is compiled once per run rather than once per
+worker or per test. A hit is the executable a fresh compile would give (the key covers the HLO,
+the compile options and the backend), and it keeps its memory and cost analyses.
 
 `ci` (default): every property test draws the same examples on every run (`derandomize`), so a
 landing is never decided by a lucky draw and a failure reproduces from the commit alone.
@@ -45,6 +47,11 @@ def pytest_configure(config):
 
         os.environ[XLA_CACHE_ENV] = tempfile.mkdtemp(prefix="jaxpar-test-xla-cache-")
         atexit.register(shutil.rmtree, os.environ[XLA_CACHE_ENV], ignore_errors=True)
+    import jax  # configuring the cache starts no backend: the GPU lane below may still change platforms
+
+    jax.config.update("jax_compilation_cache_dir", os.environ[XLA_CACHE_ENV])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     if not selects_gpu_lane(config.getoption("markexpr", "")):
         return
     # pytest's workers and the lane's subprocesses share one GPU: no process takes 75% of it up front
@@ -53,9 +60,7 @@ def pytest_configure(config):
         del os.environ["JAX_PLATFORMS"]
     else:
         os.environ["JAX_PLATFORMS"] = _USER_PLATFORMS
-    import jax  # tests/conftest.py imported it under the pin; no backend has started yet
-
-    jax.config.update("jax_platforms", _USER_PLATFORMS)
+    jax.config.update("jax_platforms", _USER_PLATFORMS)  # no backend has started yet
 
 
 settings.register_profile("ci", derandomize=True, database=None)
