@@ -16,6 +16,7 @@ import sys
 
 from gpt2common import writes
 from gpt2common.grammar import one_line
+from gpt2common.versions import version_line
 from gpt2common.writes import WriteFailed
 from jaxpar.config import ConfigError
 from jaxpar.run import help as help_text
@@ -45,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = _ClosedStdoutIgnored(sys.stdout)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
+        return 0
+    if argv[0] == "--version":
+        print(version_line("jaxpar"))
         return 0
     launch.die_with_launcher()  # a rank of `jaxpar launch` ends with it
     cmd, rest = argv[0], argv[1:]

@@ -107,3 +107,31 @@ def test_help_into_a_closed_pipe_exits_0_quietly(argv):
     finally:
         os.close(write)
     assert (r.returncode, r.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("tool", ["jaxpar", "torchref"])
+def test_version_names_the_project_and_its_stack_without_importing_it(tool):
+    """`--version` (a bug report's first line) reads the installed metadata: it works where jax or
+    torch would fail to start. Checked against independent sources: pyproject.toml and the
+    imported modules' own __version__."""
+    import os
+    import platform
+    import tomllib
+
+    code = (f"import sys; from {tool}.cli import main; rc = main(['--version']); "
+            "assert not {'jax', 'torch'} & set(sys.modules), sorted(sys.modules); sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (0, "")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]["version"]
+    lib = __import__({"jaxpar": "jax", "torchref": "torch"}[tool])
+    line = r.stdout.rstrip("\n")
+    assert line.startswith(f"{tool} {project} (python {platform.python_version()}, {lib.__name__} {lib.__version__}, ")
+    assert r.stdout.count("\n") == 1 and line.endswith(")") and "not installed" not in line
+
+
+def test_version_of_a_missing_distribution():
+    from gpt2common.versions import installed
+
+    assert installed("jaxpar-no-such-distribution") == "not installed"

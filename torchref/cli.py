@@ -12,6 +12,7 @@ import sys
 from gpt2common.grammar import one_line
 
 USAGE = """usage: torchref <command> [--config FILE.yaml] [key=value ...]
+       torchref --version
 
 commands:
   train     strategy=single|single-ps|distributed-ps|horovod|distributed-ps-amp|horovod-amp workers=N
@@ -46,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
+        return 0
+    if argv[0] == "--version":
+        from gpt2common.versions import version_line
+
+        print(version_line("torchref"))
         return 0
     cmd, args = argv[0], argv[1:]
     from gpt2common.grammar import ConfigError

@@ -39,7 +39,8 @@ RUNS = "run's"  # the default shown for a key whose value comes from the run bei
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = ["usage: jaxpar <command> [--config FILE.yaml] [key=value ...]", "", "commands:"]
+    lines = ["usage: jaxpar <command> [--config FILE.yaml] [key=value ...]", "       jaxpar --version", "",
+             "commands:"]
     lines += [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
     lines += ["", "`jaxpar <command> --help` lists the keys a command accepts, with types and defaults."]
     return "\n".join(lines)
