@@ -208,16 +208,17 @@ def _private_tmpfs_works() -> bool:
 
 def test_a_real_full_disk_during_a_checkpoint_is_one_line(tmp_path):
     """A 7 MB tmpfs (a private mount namespace: nothing outlives the run) holds step 1's
-    checkpoint, not step 2's. RLIMIT_FSIZE fails every write of a step at once; a real full disk
-    fails one while the step's other writes go on, and their callbacks printed 6 to 30
-    "RuntimeError: Event loop is closed" tracebacks before the one line."""
+    checkpoint, not step 2's (the last step: two_step_run's program, compiled once). RLIMIT_FSIZE
+    fails every write of a step at once; a real full disk fails one while the step's other writes
+    go on, and their callbacks printed 6 to 30 "RuntimeError: Event loop is closed" tracebacks
+    before the one line."""
     if not _private_tmpfs_works():
         pytest.skip("needs `unshare -m` and mount (CAP_SYS_ADMIN) for a private tmpfs")
     disk = tmp_path / "disk"
     disk.mkdir()
     text = small_text(tmp_path)
     cmd = " ".join([f"mount -t tmpfs -o size=7m tmpfs {disk} &&", "exec", sys.executable, "-m", "jaxpar.cli", "train",
-                    *ARGS, "train.steps=6", "train.ckpt_every=1", f"data={text}", f"out={disk}/run"])
+                    *ARGS, "train.steps=2", "train.ckpt_every=1", f"data={text}", f"out={disk}/run"])
     r = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=600,
                        env=clean_env())
     assert (r.returncode, r.stderr) == (4, f"error: step 2: cannot write checkpoint {disk}/run/ckpt/2: No space left "

@@ -131,43 +131,52 @@ def test_readers_work_on_a_held_run(trained):
         lock.release()
 
 
-def _run_and_interrupt(tmp_path, args, fault):
-    """An uninterrupted reference run, then the same run with `JAXPAR_FAULT_SIGNAL=fault`
-    (e.g. SIGTERM@5: the run signals itself once step 5's metrics are written). A signal at an
-    exact step, not one sent when a poll happens to see the file: no race with a loaded host
-    finishing the run first. Returns (ref dir, out dir, completed process)."""
-    ref = tmp_path / "ref"
-    assert run(["train", *args, f"out={ref}"]).returncode == 0
+# The interrupted runs below: a checkpoint every 5 steps, and two micro-batches per step (their
+# accumulation holds no state across steps, which resume relies on)
+INTERRUPTED = [*TINY, "train.steps=20", "train.grad_accum=2", "train.ckpt_every=5"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The reference of the interrupted runs: INTERRUPTED from start to end, without a signal."""
+    ref = tmp_path_factory.mktemp("ref") / "run"
+    r = run(["train", *INTERRUPTED, f"out={ref}"])
+    assert r.returncode == 0, r.stderr
+    return ref
+
+
+def _interrupt(tmp_path, fault):
+    """INTERRUPTED with `JAXPAR_FAULT_SIGNAL=fault` (e.g. SIGTERM@5: the run signals itself once
+    step 5's metrics are written). A signal at an exact step, not one sent when a poll happens
+    to see the file: no race with a loaded host finishing the run first."""
     out = tmp_path / "killed"
-    return ref, out, run(["train", *args, f"out={out}"], JAXPAR_FAULT_SIGNAL=fault)
+    return out, run(["train", *INTERRUPTED, f"out={out}"], JAXPAR_FAULT_SIGNAL=fault)
 
 
-def _resume(args, out):
-    r = run(["train", *args, f"out={out}", "resume=true"])
+def _resume(out):
+    r = run(["train", *INTERRUPTED, f"out={out}", "resume=true"])
     assert r.returncode == 0, r.stderr
     return r
 
 
-def test_sigterm_then_resume_is_bit_identical(tmp_path):
-    args = [*TINY, "train.steps=24", "train.grad_accum=2"]
-    ref, out, r = _run_and_interrupt(tmp_path, args, "SIGTERM@5")
+def test_sigterm_then_resume_is_bit_identical(tmp_path, uninterrupted):
+    out, r = _interrupt(tmp_path, "SIGTERM@7")
     assert r.returncode == 0, r.stderr
-    # Step 5's metrics are read (and the signal sent) while step 6 is in flight: the run finishes
-    # step 6, checkpoints it and stops.
-    assert "stopped by SIGTERM after step 6" in r.stdout
-    assert len(losses(out)) == 6
-    r = _resume(args, out)
-    assert "resumed from step 6" in r.stdout
-    assert losses(out) == losses(ref)  # bit-identical floats
+    # Step 7's metrics are read (and the signal sent) while step 8 is in flight: the run finishes
+    # step 8, checkpoints it and stops (between the periodic checkpoints at 5 and 10).
+    assert "stopped by SIGTERM after step 8" in r.stdout
+    assert len(losses(out)) == 8
+    r = _resume(out)
+    assert "resumed from step 8" in r.stdout
+    assert losses(out) == losses(uninterrupted)  # bit-identical floats
 
 
-def test_sigkill_resumes_from_last_complete_checkpoint(tmp_path):
-    args = [*TINY, "train.steps=20", "train.ckpt_every=5"]
-    ref, out, r = _run_and_interrupt(tmp_path, args, "SIGKILL@12")
+def test_sigkill_resumes_from_last_complete_checkpoint(tmp_path, uninterrupted):
+    out, r = _interrupt(tmp_path, "SIGKILL@12")
     assert r.returncode == -9 and len(losses(out)) == 12
-    r = _resume(args, out)
+    r = _resume(out)
     assert "resumed from step 10" in r.stdout
-    assert losses(out) == losses(ref)
+    assert losses(out) == losses(uninterrupted)
 
 
 def test_inspect_compiles_the_model_of_init(tmp_path):

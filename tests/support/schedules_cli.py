@@ -1,7 +1,7 @@
 """Shared body of the `jaxpar train` tests of the table schedules and sequence parallelism
 (tests/parallel/test_pipeline_zb.py, test_pipeline_interleaved.py, test_sequence_parallel_cli.py):
-3 steps on 8 emulated CPU devices (subprocess) stopped after step 2 and resumed, training's
-evaluation after every step, all against the same 3 steps on one device in-process."""
+3 steps on 8 emulated CPU devices (subprocess) stopped after step 2 and resumed (or run through),
+training's evaluation after every step, all against the same 3 steps on one device in-process."""
 
 from __future__ import annotations
 
@@ -22,14 +22,16 @@ COMMON = ["model=gpt2-tiny", "model.n_layer=4", "train.seq_len=32", "train.batch
           "train.lr=1e-3", "train.eval_every=1", "train.eval_batches=2", "precision=fp32", "progress=plain"]
 
 
-def train_resume_eval_matches_single_device(tmp_path, mesh_args: list[str]) -> list[dict]:
+def train_resume_eval_matches_single_device(tmp_path, mesh_args: list[str], resume: bool = True) -> list[dict]:
+    """`resume=False`: one uninterrupted run, for a setting that leaves the parameter and optimizer
+    shardings (hence the checkpoint and its restore) as another test's resumed run has them."""
     out = tmp_path / "run"
-    # a 3-step run stopped after step 2 (a SIGTERM it sends itself), then resumed
-    r = run(["train", *mesh_args, *COMMON, "train.steps=3", f"out={out}"], JAXPAR_FAULT_SIGNAL="SIGTERM@2")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().splitlines()[-1] == (f"stopped by SIGTERM after step 2; checkpoint saved to "
-                                                 f"{out / 'ckpt' / '2'}; continue with resume=true")
-    r = run(["train", *mesh_args, *COMMON, "train.steps=3", f"out={out}", "resume=true"])
+    if resume:  # a 3-step run stopped after step 2 (a SIGTERM it sends itself), then resumed
+        r = run(["train", *mesh_args, *COMMON, "train.steps=3", f"out={out}"], JAXPAR_FAULT_SIGNAL="SIGTERM@2")
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.stdout.strip().splitlines()[-1] == (f"stopped by SIGTERM after step 2; checkpoint saved to "
+                                                     f"{out / 'ckpt' / '2'}; continue with resume=true")
+    r = run(["train", *mesh_args, *COMMON, "train.steps=3", f"out={out}", *(["resume=true"] if resume else [])])
     assert r.returncode == 0, r.stderr[-3000:]
     recs = [json.loads(ln) for ln in open(out / "metrics.jsonl")]
     train = [x for x in recs if "loss" in x]
