@@ -86,6 +86,13 @@ def field_types(cls) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in fields(cls)}
 
 
+def section_given_a_value(section: str, raw: Any, first_key: str) -> ConfigError:
+    """`train=5` on the command line, or `train: [1, 2]` in a YAML file: a section takes keys, not
+    a value (both CLIs said "unknown key 'train'" of a section they list)."""
+    return ConfigError(f"{section}={raw!r}: {section} is a section, not a key; set its keys "
+                       f"({section}.{first_key}=..., or a mapping under `{section}:` in YAML)")
+
+
 def flatten_yaml(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """{'train': {'steps': 5}} -> {'train.steps': 5}; `model: gpt2` stays a preset key. A key
     given both dotted and nested (`train.steps: 3` and `train: {steps: 4}`) is a ValueError

@@ -15,7 +15,15 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpt2common.grammar import ConfigError, field_types, load_yaml, parse_kv, parse_value, setting
+from gpt2common.grammar import (
+    ConfigError,
+    field_types,
+    load_yaml,
+    parse_kv,
+    parse_value,
+    section_given_a_value,
+    setting,
+)
 from gpt2common.model import PRESETS, ModelConfig, check_shape, preset
 from gpt2common.optim import OptimSettings, check_optim
 from jaxpar.parallel.groups import GROUP_NAMES
@@ -177,7 +185,9 @@ def apply_overrides(cfg: Config, items: dict[str, Any]) -> Config:
                 raise ConfigError(f"unknown key {key!r} (valid: {valid})")
             sections.setdefault(head, {})[rest] = parse_value(types_[rest], raw, key)
         else:
-            if key not in top or key in SECTIONS:
+            if key in SECTIONS:
+                raise section_given_a_value(key, raw, dataclasses.fields(SECTIONS[key])[0].name)
+            if key not in top:
                 raise ConfigError(f"unknown key {key!r}")
             cfg = replace(cfg, **{key: parse_value(top[key], raw, key)})
     for head, kv in sections.items():

@@ -29,7 +29,7 @@ import typing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpt2common.grammar import ConfigError, load_yaml, parse_kv, parse_value
+from gpt2common.grammar import ConfigError, load_yaml, parse_kv, parse_value, section_given_a_value
 from gpt2common.hf import check_init_model_keys
 from torchref.run_config import RunConfig, apply_run_overrides, check_rejected, validate_run
 
@@ -124,7 +124,8 @@ def apply_ref_overrides(ref: RefConfig, items: dict[str, Any]) -> RefConfig:
         head, _, rest = key.partition(".")
         if not rest:
             if head in _SECTIONS:
-                raise ConfigError(f"unknown key {key!r} (use {head}.<field>)")
+                first = dataclasses.fields(_SECTIONS[head])[0].name
+                raise section_given_a_value(head, raw, "async" if (head, first) == ("ps", "async_") else first)
             ref = replace(ref, **{head: parse_value(hints[head], raw, key)})
             continue
         cls = _SECTIONS[head]

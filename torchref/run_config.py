@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpt2common.grammar import ConfigError, field_types, parse_value
+from gpt2common.grammar import ConfigError, field_types, parse_value, section_given_a_value
 from gpt2common.model import PRESETS, ModelConfig, check_shape, preset
 from gpt2common.optim import OptimSettings, check_optim
 
@@ -136,6 +136,8 @@ def apply_run_overrides(cfg: RunConfig, items: dict[str, Any]) -> tuple[RunConfi
     sections: dict[str, dict[str, Any]] = {}
     top = field_types(RunConfig)
     for key, raw in items.items():
+        if (first := next((k for k in KEY_POLICY if k.startswith(f"{key}.")), None)) is not None:
+            raise section_given_a_value(key, raw, first.partition(".")[2])
         if key not in KEY_POLICY:
             raise _unknown(key)
         if key in IGNORED:

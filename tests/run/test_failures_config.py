@@ -567,3 +567,20 @@ def test_truncate_drops_a_torn_last_line(tmp_path):
     assert p.read_text() == "".join(lines[:2])
     truncate_after(str(p), 0)  # a restarted run starts the file over
     assert p.read_text() == ""
+
+
+def test_a_section_given_a_value_names_it_as_a_section(tmp_path):
+    """`train=5`, or `train: [1, 2]` in a YAML file: both said "unknown key 'train'", of a section
+    that `--help` lists."""
+    with pytest.raises(ConfigError) as e:
+        C.resolve(["train=5"])
+    assert str(e.value) == ("train='5': train is a section, not a key; set its keys (train.steps=..., or a mapping "
+                            "under `train:` in YAML)")
+    y = tmp_path / "c.yaml"
+    y.write_text("model: gpt2-tiny\nmesh: [1, 2]\n")
+    with pytest.raises(ConfigError) as e:
+        C.resolve([], config_file=str(y))
+    assert str(e.value) == ("mesh=[1, 2]: mesh is a section, not a key; set its keys (mesh.data=..., or a mapping "
+                            "under `mesh:` in YAML)")
+    with pytest.raises(ConfigError, match=r"^unknown key 'bogus'$"):  # an unknown bare key is still that
+        C.resolve(["bogus=1"])

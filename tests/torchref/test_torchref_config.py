@@ -38,6 +38,10 @@ def cli(*args, env=None):
     (["mesh.tensor=2"], "mesh.tensor=2 is not supported by torchref (torchref is data-parallel only; use workers=N)"),
     (["timeout_s=0"], "timeout_s=0.0 must be positive"),  # a 0 s collective timeout fails every collective
     (["strategy=single-ps", "workers=2", "ps.async=true", "ps.max_staleness=-1"], "ps.max_staleness=-1 must be >= 0"),
+    # a section given a value: torchref's own (its first key: ps.async) and one of jaxpar's
+    (["ps=1"], "ps='1': ps is a section, not a key; set its keys (ps.async=..., or a mapping under `ps:` in YAML)"),
+    (["train=5"], "train='5': train is a section, not a key; set its keys (train.steps=..., or a mapping under "
+                  "`train:` in YAML)"),
 ])
 def test_config_errors_exact_text(args, msg):
     with pytest.raises(ConfigError) as e:
