@@ -65,10 +65,10 @@ def main(argv: list[str] | None = None) -> int:
             from torchref.launch import train
 
             cfg, ref = resolve_ref(args, cfg_file)
-            print(json.dumps({"torchref": ref_to_dict(ref), "model": cfg.model.__dict__, "train": cfg.train.__dict__,
-                              "data": cfg.data or "(built-in)", "init": cfg.init, "init_state": cfg.init_state, "seed": cfg.seed, "out": cfg.out}),
-                  flush=True)
-            s = train(cfg, ref)
+            s = train(cfg, ref, on_start=lambda: print(json.dumps(
+                {"torchref": ref_to_dict(ref), "model": cfg.model.__dict__, "train": cfg.train.__dict__,
+                 "data": cfg.data or "(built-in)", "init": cfg.init, "init_state": cfg.init_state, "seed": cfg.seed,
+                 "out": cfg.out}), flush=True))
             print(json.dumps({k: s[k] for k in ("strategy", "workers", "steps", "final_loss", "wall_s", "out")}))
         elif cmd == "compare":
             from torchref.compare import main as compare_main

@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -228,8 +229,10 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def train(cfg: RunConfig, ref: RefConfig) -> dict:
-    """Run one strategy end to end; returns the run summary (also written to <out>/summary.json)."""
+def train(cfg: RunConfig, ref: RefConfig, on_start: Callable[[], None] | None = None) -> dict:
+    """Run one strategy end to end; returns the run summary (also written to <out>/summary.json).
+    `on_start` runs once every check passed and out is held (the CLI prints the config then: a
+    refused run prints only its `error:` line)."""
     from torchref import strategies
 
     strategy = strategies.get(ref.strategy)
@@ -246,6 +249,8 @@ def train(cfg: RunConfig, ref: RefConfig) -> dict:
     check(cfg, ref)  # a state that cannot continue this run: refused before out is created
     lock = hold(cfg.out)  # this process holds out until the run ends (gpt2common/outdir.py)
     try:
+        if on_start is not None:
+            on_start()
         job = prepare(cfg, ref)
         world = strategy.world_size(ref.workers)
         os.makedirs(os.path.join(job.out, "logs"), exist_ok=True)

@@ -66,8 +66,7 @@ def test_torchref_keys_parse_and_the_rest_reach_the_run_config():
 ])
 def test_cli_errors_exit_2_one_line(args, line):
     r = cli("train", *TINY, *args)
-    assert r.returncode == 2
-    assert r.stderr == line + "\n"
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", line + "\n")
 
 
 def test_cli_mpiexec_missing_says_how_to_install(tmp_path):
@@ -76,7 +75,9 @@ def test_cli_mpiexec_missing_says_how_to_install(tmp_path):
     bindir.mkdir()
     os.symlink(sys.executable, bindir / "python")
     r = cli("train", *TINY, "strategy=horovod", "workers=2", f"out={tmp_path}/run", env=dict(os.environ, PATH=str(bindir)))
-    assert r.returncode == 2
+    # refused by the launcher's checks, after the config resolved: the config line is printed only
+    # for a run that starts (it was printed above the error)
+    assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == ("error: strategy=horovod needs mpiexec: pip install mpi4py mpich "
                         "(or pip install -e '.[mpi]')\n")
 
