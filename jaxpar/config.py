@@ -320,8 +320,8 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 def from_dict(d: dict[str, Any]) -> Config:
     """Inverse of to_dict (used to reload a run's saved config.json). ConfigError (never a
     KeyError / AttributeError traceback) for a file that is not this shape: a non-object, a
-    section that is not an object, or a section key this Config does not have (a hand edit, or
-    a config.json of another jaxpar version), or a value not of its key's type (`"seed": "x"`, a
+    section that is not an object, a key or section key this Config does not have (a hand edit,
+    a config.json of another jaxpar version or of another program), or a value not of its key's type (`"seed": "x"`, a
     null where a key takes no null: each was a TypeError traceback in validate)."""
     if not isinstance(d, dict):
         raise ConfigError(f"expected a JSON object, got {type(d).__name__}")
@@ -335,6 +335,8 @@ def from_dict(d: dict[str, Any]) -> Config:
             kw[k] = SECTIONS[k](**{kk: parse_value(types_[kk], vv, f"{k}.{kk}") for kk, vv in v.items()})
         elif k in top:
             kw[k] = parse_value(top[k], v, k)
+        else:  # any JSON object read as the defaults: an HF config.json trained the 124M preset
+            raise ConfigError(f"{k!r} is not a key of a jaxpar config")
     return Config(**kw)
 
 

@@ -99,7 +99,20 @@ def run_config(checkpoint: str) -> Config:
     except OSError as e:  # a directory named config.json, no read permission
         raise ConfigError(f"checkpoint={checkpoint!r}: {CONFIG_FILE} cannot be read ({e.strerror})") from None
     except (ValueError, TypeError, RecursionError):  # ValueError: UnicodeDecodeError, JSONDecodeError, ConfigError
+        if _is_hf_config(os.path.join(checkpoint, CONFIG_FILE)):  # e.g. what `convert to_hf=` just wrote
+            raise ConfigError(f"checkpoint={checkpoint!r} is an HF save_pretrained dir, not a jaxpar run dir: "
+                              f"`jaxpar eval hf=` reads it, `jaxpar convert hf=` makes a run of it") from None
         raise ConfigError(f"checkpoint={checkpoint!r}: {CONFIG_FILE} is corrupt") from None
+
+
+def _is_hf_config(path: str) -> bool:
+    """A transformers config.json: an object naming its `model_type`."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(d, dict) and isinstance(d.get("model_type"), str)
 
 
 def _vocab_from_data(cfg: Config, given: dict) -> Config:

@@ -437,7 +437,9 @@ def test_resume_with_a_missing_or_corrupt_config_json(tmp_path):
     from jaxpar.run.commands import run_config
 
     deep = "[" * 100_000 + "]" * 100_000  # json recurses per level: a RecursionError traceback
-    for text in ('{"model": {"n_layer": "two"}}', '{"train": {"bogus": 1}}', '{"mesh": 5}', "[]", deep):
+    # '{"bogus": 1}': an unknown top-level key was dropped, so any JSON object read as the defaults
+    for text in ('{"model": {"n_layer": "two"}}', '{"train": {"bogus": 1}}', '{"bogus": 1}', '{"mesh": 5}', "[]",
+                 deep):
         (tmp_path / "config.json").write_text(text)
         with pytest.raises(ConfigError) as e:
             rundir.resolve_train({"out": str(tmp_path), "resume": "true"}, None)
@@ -584,3 +586,23 @@ def test_a_section_given_a_value_names_it_as_a_section(tmp_path):
                             "under `mesh:` in YAML)")
     with pytest.raises(ConfigError, match=r"^unknown key 'bogus'$"):  # an unknown bare key is still that
         C.resolve(["bogus=1"])
+
+
+def test_checkpoint_naming_an_hf_dir_says_so(tmp_path, capsys):
+    """`sample checkpoint=DIR` on what `convert to_hf=DIR` had just written read DIR's transformers
+    config.json as a jaxpar run's (its keys unknown, so the defaults: GPT-2 124M) and then failed
+    on a missing tokenizer or ckpt/. The HF dir is now named as such, with the commands that take it."""
+    from gpt2common import hf
+    from jaxpar.models.gpt2 import init_params
+    from jaxpar.run.commands import run_config
+
+    mc = dataclasses.replace(C.preset("gpt2-tiny"), n_layer=1, n_embd=16, n_head=2)
+    hf.save_hf(str(tmp_path / "hf"), mc, init_params(mc, seed=0))
+    line = (f"checkpoint={str(tmp_path / 'hf')!r} is an HF save_pretrained dir, not a jaxpar run dir: "
+            "`jaxpar eval hf=` reads it, `jaxpar convert hf=` makes a run of it")
+    for argv in (["sample", f"checkpoint={tmp_path / 'hf'}"], ["eval", f"checkpoint={tmp_path / 'hf'}"]):
+        assert cli.main(argv) == 2
+        assert capsys.readouterr().err == f"error: {line}\n"
+    with pytest.raises(ConfigError) as e:
+        run_config(str(tmp_path / "hf"))
+    assert str(e.value) == line
