@@ -56,6 +56,10 @@ def model_config_from_hf(path: str) -> ModelConfig:
         raise ConfigError(f"{path!r}: config.json is corrupt") from None
     if not isinstance(c, dict):  # valid JSON but not an object: c.get was an AttributeError traceback
         raise ConfigError(f"{path!r}: config.json is corrupt")
+    if c.get("model_type") is None and os.path.isdir(os.path.join(path, "ckpt")) and {"mesh", "train"} <= set(c):
+        # a jaxpar run dir given where an HF dir goes (init=RUN, hf=RUN): model_type=None said nothing
+        raise ConfigError(f"{path!r} is a jaxpar run dir, not an HF save_pretrained dir: eval and sample take it as "
+                          f"checkpoint=, and `jaxpar convert checkpoint={path} to_hf=DIR` exports its weights")
     if c.get("model_type") != "gpt2":
         raise ConfigError(f"{path!r}: model_type={c.get('model_type')!r}, expected 'gpt2'")
     for k in ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions"):

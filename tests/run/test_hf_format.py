@@ -153,3 +153,32 @@ def test_a_hub_name_loads_from_the_local_cache_only(tmp_path, monkeypatch):
         hf.load_hf("someorg/not-cached", "init")
     assert str(e.value) == "init='someorg/not-cached' is not an HF save_pretrained dir (no config.json)"
     assert hf.cached_snapshot(".hidden") is None and hf.cached_snapshot("a/b/c") is None
+
+
+def test_a_jaxpar_run_dir_given_as_an_hf_dir_is_named_as_one(tmp_path, capsys):
+    """`train init=RUN` / `eval hf=RUN` with a jaxpar run dir said "model_type=None, expected
+    'gpt2'". Both CLIs now name it a run dir and say what takes one; nothing is written."""
+    from jaxpar import cli
+    from jaxpar import config as C
+    from torchref import launch
+    from torchref.config import resolve_ref
+
+    run = tmp_path / "run"
+    (run / "ckpt").mkdir(parents=True)  # what a run dir holds that load_hf_config looks at
+    (run / "config.json").write_text(C.dumps(C.resolve(["model=gpt2-tiny"])))
+    line = (f"init={str(run)!r} is a jaxpar run dir, not an HF save_pretrained dir: eval and sample take it as "
+            f"checkpoint=, and `jaxpar convert checkpoint={run} to_hf=DIR` exports its weights")
+    assert cli.main(["train", f"init={run}", f"out={tmp_path / 'out'}"]) == 2
+    assert capsys.readouterr().err == f"error: {line}\n"
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError) as e:  # torchref: checked before any process starts
+        launch.train(*resolve_ref(["strategy=single", f"init={run}", f"out={tmp_path / 'ref'}"]))
+    assert str(e.value) == line
+    assert not (tmp_path / "ref").exists()
+    with pytest.raises(ConfigError) as e:
+        hf.load_hf_config(str(run), "hf")
+    assert str(e.value) == "hf" + line[len("init"):]
+    (run / "ckpt").rmdir()  # a config.json of keys alone is not taken for a run: the general line
+    with pytest.raises(ConfigError) as e:
+        hf.load_hf_config(str(run), "init")
+    assert str(e.value) == f"init={str(run)!r}: model_type=None, expected 'gpt2'"
