@@ -321,8 +321,9 @@ def from_dict(d: dict[str, Any]) -> Config:
     """Inverse of to_dict (used to reload a run's saved config.json). ConfigError (never a
     KeyError / AttributeError traceback) for a file that is not this shape: a non-object, a
     section that is not an object, a key or section key this Config does not have (a hand edit,
-    a config.json of another jaxpar version or of another program), or a value not of its key's type (`"seed": "x"`, a
-    null where a key takes no null: each was a TypeError traceback in validate)."""
+    a config.json of another jaxpar version or of another program), or a value not of its key's
+    type (`"seed": "x"`, a null where a key takes no null: each was a TypeError traceback in
+    validate)."""
     if not isinstance(d, dict):
         raise ConfigError(f"expected a JSON object, got {type(d).__name__}")
     kw: dict[str, Any] = {}

@@ -231,8 +231,8 @@ def _cuda() -> bool:
 
 def train(cfg: RunConfig, ref: RefConfig, on_start: Callable[[], None] | None = None) -> dict:
     """Run one strategy end to end; returns the run summary (also written to <out>/summary.json).
-    `on_start` runs once every check passed and out is held (the CLI prints the config then: a
-    refused run prints only its `error:` line)."""
+    `on_start` runs once every check passed (`prepare`'s included) and out is held, before any
+    worker starts: the CLI prints the config then, so a refused run prints only its `error:` line."""
     from torchref import strategies
 
     strategy = strategies.get(ref.strategy)
@@ -249,9 +249,9 @@ def train(cfg: RunConfig, ref: RefConfig, on_start: Callable[[], None] | None = 
     check(cfg, ref)  # a state that cannot continue this run: refused before out is created
     lock = hold(cfg.out)  # this process holds out until the run ends (gpt2common/outdir.py)
     try:
+        job = prepare(cfg, ref)
         if on_start is not None:
             on_start()
-        job = prepare(cfg, ref)
         world = strategy.world_size(ref.workers)
         os.makedirs(os.path.join(job.out, "logs"), exist_ok=True)
         t0 = time.perf_counter()

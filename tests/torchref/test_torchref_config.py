@@ -69,6 +69,14 @@ def test_cli_errors_exit_2_one_line(args, line):
     assert (r.returncode, r.stdout, r.stderr) == (2, "", line + "\n")
 
 
+def test_cli_refusal_in_the_launchers_prepare_prints_only_the_error(tmp_path):
+    """data= is read in launch.prepare, the last check before any worker: the config line, printed
+    once the run starts, is not printed above the error."""
+    r = cli("train", *TINY, "strategy=single", f"data={tmp_path / 'none.txt'}", f"out={tmp_path / 'run'}")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == f"error: data='{tmp_path / 'none.txt'}' does not exist\n"
+
+
 def test_cli_mpiexec_missing_says_how_to_install(tmp_path):
     # A PATH holding only this python: mpiexec cannot be found.
     bindir = tmp_path / "bin"
