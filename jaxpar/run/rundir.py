@@ -66,12 +66,20 @@ def check_out_dir(cfg: Config, latest_step) -> tuple[int | None, bool]:
     return None, False
 
 
+class _HFConfig(ValueError):
+    """A transformers config.json (an object naming its `model_type`) where a run's should be."""
+
+
 def _load_config(path: str) -> Config:
     """The Config saved in `path` (a run's config.json). Raises OSError when the file cannot be
-    read, ValueError (not UTF-8, not JSON, a ConfigError from from_dict), TypeError when it is not a
-    saved Config, or RecursionError (JSON nested past the interpreter's stack: json is recursive)."""
+    read, ValueError (not UTF-8, not JSON, a ConfigError from from_dict, _HFConfig), TypeError when
+    it is not a saved Config, or RecursionError (JSON nested past the interpreter's stack: json is
+    recursive)."""
     with open(path, encoding="utf-8") as f:
-        return C.from_dict(json.load(f))
+        d = json.load(f)
+    if isinstance(d, dict) and isinstance(d.get("model_type"), str):  # e.g. what `convert to_hf=` wrote
+        raise _HFConfig(path)
+    return C.from_dict(d)
 
 
 def read_run_config(out: str) -> Config:
@@ -98,21 +106,11 @@ def run_config(checkpoint: str) -> Config:
         raise ConfigError(f"checkpoint={checkpoint!r} has no {CONFIG_FILE} (not a jaxpar run dir)") from None
     except OSError as e:  # a directory named config.json, no read permission
         raise ConfigError(f"checkpoint={checkpoint!r}: {CONFIG_FILE} cannot be read ({e.strerror})") from None
+    except _HFConfig:
+        raise ConfigError(f"checkpoint={checkpoint!r} is an HF save_pretrained dir, not a jaxpar run dir: "
+                          f"`jaxpar eval hf=` reads it, `jaxpar convert hf=` makes a run of it") from None
     except (ValueError, TypeError, RecursionError):  # ValueError: UnicodeDecodeError, JSONDecodeError, ConfigError
-        if _is_hf_config(os.path.join(checkpoint, CONFIG_FILE)):  # e.g. what `convert to_hf=` just wrote
-            raise ConfigError(f"checkpoint={checkpoint!r} is an HF save_pretrained dir, not a jaxpar run dir: "
-                              f"`jaxpar eval hf=` reads it, `jaxpar convert hf=` makes a run of it") from None
         raise ConfigError(f"checkpoint={checkpoint!r}: {CONFIG_FILE} is corrupt") from None
-
-
-def _is_hf_config(path: str) -> bool:
-    """A transformers config.json: an object naming its `model_type`."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(d, dict) and isinstance(d.get("model_type"), str)
 
 
 def _vocab_from_data(cfg: Config, given: dict) -> Config:
