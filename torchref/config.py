@@ -108,6 +108,11 @@ def _fname(section: str, key: str) -> str:
     return "async_" if (section, key) == ("ps", "async") else key
 
 
+def _key(fname: str) -> str:
+    """The key a field is given by: `_fname`'s inverse (only ps.async is renamed)."""
+    return "async" if fname == "async_" else fname
+
+
 def split_items(items: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Separate torchref's own keys from the `jaxpar train` keys (the latter go to `torchref.run_config`)."""
     ours, theirs = {}, {}
@@ -124,15 +129,14 @@ def apply_ref_overrides(ref: RefConfig, items: dict[str, Any]) -> RefConfig:
         head, _, rest = key.partition(".")
         if not rest:
             if head in _SECTIONS:
-                first = dataclasses.fields(_SECTIONS[head])[0].name
-                raise section_given_a_value(head, raw, "async" if (head, first) == ("ps", "async_") else first)
+                raise section_given_a_value(head, raw, _key(dataclasses.fields(_SECTIONS[head])[0].name))
             ref = replace(ref, **{head: parse_value(hints[head], raw, key)})
             continue
         cls = _SECTIONS[head]
         types_ = typing.get_type_hints(cls)
         name = _fname(head, rest)
         if name not in types_ or name == "async" or (name == "async_" and rest != "async"):
-            valid = ", ".join(f"{head}.{'async' if f == 'async_' else f}" for f in types_)
+            valid = ", ".join(f"{head}.{_key(f)}" for f in types_)
             raise ConfigError(f"unknown key {key!r} (valid: {valid})")
         sections.setdefault(head, {})[name] = parse_value(types_[name], raw, key)
     for head, kv in sections.items():
