@@ -14,9 +14,26 @@ STACKS = {"jaxpar": ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint"),
 
 def installed(dist: str) -> str:
     try:
-        return metadata.version(dist)
+        version = metadata.version(dist)
     except metadata.PackageNotFoundError:
         return "not installed"
+    if dist == "torch":
+        version = _torch_build(version)
+    return version
+
+
+def _torch_build(version: str) -> str:
+    """torch's own `__version__`, which names the build (`2.13.0+cu130`, `2.13.0+cpu`): PyPI's CUDA wheel
+    records plain `2.13.0` in its metadata, and the build is what a bug report needs. Read as text from
+    `torch/version.py` (a generated one-line assignment), so torch is not imported."""
+    try:
+        text = metadata.distribution("torch").locate_file("torch/version.py").read_text()
+    except OSError:
+        return version
+    for line in text.splitlines():
+        if line.startswith("__version__ = "):
+            return line.split("=", 1)[1].strip().strip("'\"") or version
+    return version
 
 
 def version_line(tool: str) -> str:

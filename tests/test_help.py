@@ -131,6 +131,23 @@ def test_version_names_the_project_and_its_stack_without_importing_it(tool):
     assert r.stdout.count("\n") == 1 and line.endswith(")") and "not installed" not in line
 
 
+def test_version_names_torchs_cuda_build(tmp_path):
+    """PyPI's CUDA wheel of torch records `2.13.0` in its metadata while torch.__version__ (the build a bug
+    report needs) is `2.13.0+cu130`: the line reads the latter from torch/version.py, without importing it.
+    A fake distribution first on sys.path stands in for that wheel."""
+    import os
+
+    (tmp_path / "torch-2.13.0.dist-info").mkdir()
+    (tmp_path / "torch-2.13.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0\n")
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "version.py").write_text("__version__ = '2.13.0+cu130'\ncuda = '13.0'\n")
+    code = ("import sys; from gpt2common.versions import installed; print(installed('torch')); "
+            "assert 'torch' not in sys.modules")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.path.dirname(os.path.dirname(__file__))])}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "2.13.0+cu130\n", "")
+
+
 def test_version_of_a_missing_distribution():
     from gpt2common.versions import installed
 
