@@ -8,6 +8,7 @@ uninterrupted run would, and torchref draws the very same rows.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -20,7 +21,6 @@ import numpy as np
 
 from gpt2common.grammar import ConfigError
 from gpt2common.outdir import make_out
-from gpt2common.writes import write_atomic
 
 BUILTIN_CORPUS = "tinyshakespeare"  # shipped gzipped inside the package; works offline
 VAL_FRACTION = 0.1
@@ -32,40 +32,9 @@ def builtin_text() -> str:
     return gzip.decompress(data).decode("utf-8")
 
 
-def input_files(path: str, key: str = "input") -> list[Path]:
-    """The file `path`, or every *.txt / *.md file under the folder `path` (sorted); ConfigError
-    naming `key` when there is none. Checks without reading (`jaxpar launch` checks data= once)."""
-    p = Path(path)
-    if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".txt", ".md"))
-        if not files:
-            raise ConfigError(f"{key}={path!r} is a folder with no .txt or .md files")
-        return files
-    if not p.is_file():
-        raise ConfigError(f"{key}={path!r} " + ("is not a regular file or folder" if p.exists() else "does not exist"))
-    return [p]
-
-
-def read_input(path: str, key: str = "input") -> bytes:
-    """The raw bytes of a file, or of every *.txt / *.md file under a folder (sorted, joined by
-    blank lines). Bytes, not text: the byte tokenizer takes any encoding (Latin-1, binary) as is.
-    Errors name `key`, the key the user gave the path with (prepare's input=, train's data=)."""
-    try:
-        raw = b"\n\n".join(f.read_bytes() for f in input_files(path, key))
-    except OSError as e:
-        raise ConfigError(f"{key}={path!r} cannot be read ({e.strerror})") from None
-    if not raw:
-        raise ConfigError(f"{key}={path!r} is empty")
-    return raw
-
-
-def read_text(path: str) -> str:
-    """`read_input` decoded as UTF-8 (invalid bytes become U+FFFD)."""
-    return read_input(path).decode("utf-8", errors="replace")
-
-
 class Tokenizer:
-    """encode/decode + vocab size; `byte` (256 ids), a trained BPE, or a GPT-2 tokenizer dir."""
+    """encode/decode + vocab size; `byte` (256 ids), a trained BPE, or a tokenizer read from a dir,
+    a tokenizer.json or a hub name in the local HF cache (kind `gpt2-dir`)."""
 
     def __init__(self, kind: str, hf=None):
         self.kind, self._hf = kind, hf
@@ -73,6 +42,10 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return 256 if self._hf is None else self._hf.get_vocab_size()
+
+    def hf_tokenizer(self):
+        """The `tokenizers.Tokenizer` (None for the byte tokenizer)."""
+        return getattr(self._hf, "_tokenizer", self._hf)  # ByteLevelBPETokenizer wraps one
 
     def encode(self, text: str | bytes, source: str = "", label: str = "") -> np.ndarray:
         """Token ids of `text`; bytes go to the byte tokenizer untouched. A BPE tokenizer needs
@@ -90,7 +63,8 @@ class Tokenizer:
                 sys.stderr.write(f"warning: {label or f'input={source!r}'} is not valid UTF-8 ({bad} undecodable sequences "
                                  f"replaced by U+FFFD); tokenizer=byte would keep the raw bytes\n")
                 text = decoded
-        return np.asarray(self._hf.encode(text).ids, dtype=np.uint16)
+        ids = self._hf.encode(text).ids
+        return np.asarray(ids, dtype=np.uint16 if self.vocab_size <= 1 << 16 else np.uint32)
 
     def decode(self, ids) -> str:
         ids = [int(i) for i in ids]
@@ -100,37 +74,74 @@ class Tokenizer:
 
     def save(self, out_dir: Path) -> None:
         if self._hf is not None:
-            self._hf.save(str(out_dir / "tokenizer.json"))
+            self._hf.save(str(Path(out_dir) / "tokenizer.json"))
 
 
-def load_gpt2_tokenizer_dir(path: str) -> Tokenizer:
+def load_gpt2_tokenizer_dir(path: str, key: str = "tokenizer") -> Tokenizer:
+    """A tokenizer dir: its tokenizer.json (a jaxpar export, an HF save_pretrained dir), else
+    GPT-2's vocab.json + merges.txt."""
     from tokenizers import ByteLevelBPETokenizer
 
+    if os.path.isfile(os.path.join(path, "tokenizer.json")):
+        return load_tokenizer_file(os.path.join(path, "tokenizer.json"), key, shown=path)
     vocab, merges = os.path.join(path, "vocab.json"), os.path.join(path, "merges.txt")
     if not (os.path.isfile(vocab) and os.path.isfile(merges)):
-        raise ConfigError(f"tokenizer={path!r} must hold vocab.json and merges.txt")
+        raise ConfigError(f"{key}={path!r} holds no tokenizer (tokenizer.json, or vocab.json and merges.txt)")
     try:
         return Tokenizer("gpt2-dir", ByteLevelBPETokenizer(vocab, merges))
     except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on a malformed file
-        raise ConfigError(f"tokenizer={path!r}: vocab.json or merges.txt is corrupt ({_first_line(e)})") from None
+        raise ConfigError(f"{key}={path!r}: vocab.json or merges.txt is corrupt ({_first_line(e)})") from None
+
+
+def load_tokenizer_file(path: str, key: str = "tokenizer", shown: str = "") -> Tokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    try:
+        return Tokenizer("gpt2-dir", HFTokenizer.from_file(path))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on a malformed file
+        raise ConfigError(f"{key}={shown or path!r}: tokenizer.json is corrupt ({_first_line(e)})") from None
+
+
+def has_tokenizer(path: str) -> bool:
+    """A dir a tokenizer can be read from (`init=` dirs: the model's own tokenizer)."""
+    return os.path.isfile(os.path.join(path, "tokenizer.json")) or all(
+        os.path.isfile(os.path.join(path, n)) for n in ("vocab.json", "merges.txt"))
 
 
 def _first_line(e: Exception) -> str:
     return next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
 
 
-def make_tokenizer(spec: str, text: str | None = None) -> Tokenizer:
+def train_bpe(texts) -> Tokenizer:
+    """A byte-level BPE of BPE_VOCAB_SIZE ids trained on `texts` (an iterator of str), with
+    GPT-2's end-of-text token, so that documents keep their boundaries."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(texts, vocab_size=BPE_VOCAB_SIZE, min_frequency=2, show_progress=False,
+                            special_tokens=["<|endoftext|>"])
+    return Tokenizer("bpe", tok)
+
+
+def make_tokenizer(spec: str, text: str | None = None, key: str = "tokenizer") -> Tokenizer:
+    """byte | bpe (trained on `text`) | a tokenizer dir | a tokenizer.json | a hub name in the
+    local HF cache (`openai-community/gpt2`: never downloads)."""
     if spec == "byte":
         return Tokenizer("byte")
     if spec == "bpe":
-        from tokenizers import ByteLevelBPETokenizer
-
-        tok = ByteLevelBPETokenizer()
-        tok.train_from_iterator([text or ""], vocab_size=BPE_VOCAB_SIZE, min_frequency=2, show_progress=False)
-        return Tokenizer("bpe", tok)
+        return train_bpe(iter([text or ""]))
     if os.path.isdir(spec):
-        return load_gpt2_tokenizer_dir(spec)
-    raise ConfigError(f"tokenizer={spec!r} must be byte, bpe or a GPT-2 tokenizer dir (vocab.json + merges.txt)")
+        return load_gpt2_tokenizer_dir(spec, key)
+    if os.path.isfile(spec) and spec.endswith(".json"):
+        return load_tokenizer_file(spec, key)
+    from gpt2common.hf import cached_snapshot
+
+    if (snap := cached_snapshot(spec)) is not None:
+        return load_gpt2_tokenizer_dir(snap, key)
+    from gpt2common.corpus_sources import hf_cache_dirs
+
+    raise ConfigError(f"{key}={spec!r} must be byte, bpe, a tokenizer dir (tokenizer.json, or vocab.json + "
+                      f"merges.txt), a tokenizer.json, or a hub name in the local HF cache ({hf_cache_dirs().split(' and ')[0]})")
 
 
 def load_tokenizer(prepared_dir: str) -> Tokenizer:
@@ -151,35 +162,117 @@ def _saved_tokenizer(path: str):
         raise ConfigError(f"data={path!r}: tokenizer.json is corrupt ({_first_line(e)})") from None
 
 
-def prepare(text: str | bytes, out_dir: str, tokenizer: str = "byte", source: str = "", min_tokens: int = 0,
-            model_vocab: int | None = None, key: str = "data") -> dict:
-    """Tokenize `text`, split 90/10 into train.bin / val.bin, write meta.json. Returns meta.
-
-    Checks come before the first write: each split must hold `min_tokens` tokens (one
-    training window, seq_len+1) and the tokenizer's vocab must fit `model_vocab`. Errors name
-    `key`, the key `source` was given by (train's data=, prepare's input=)."""
-    tok = make_tokenizer(tokenizer, text.decode("utf-8", errors="replace") if isinstance(text, bytes)
-                         and tokenizer == "bpe" else text)
-    if tok.vocab_size > 65536:
-        raise ConfigError(f"tokenizer vocab_size={tok.vocab_size} does not fit uint16 (max 65536)")
+def _check_vocab(tok: Tokenizer, model_vocab: int | None) -> None:
+    if tok.vocab_size > 1 << 32:
+        raise ConfigError(f"tokenizer vocab_size={tok.vocab_size} does not fit uint32")
     if model_vocab is not None and tok.vocab_size > model_vocab:
         raise ConfigError(f"data vocab_size={tok.vocab_size} is larger than model.vocab_size={model_vocab}")
-    ids = tok.encode(text, source)
-    n_val = max(int(len(ids) * VAL_FRACTION), 1)
-    if min(len(ids) - n_val, n_val) < min_tokens:
-        need = f"train.seq_len+1={min_tokens}" if key == "data" else f"{min_tokens} tokens"
-        raise ConfigError(f"{key}={source!r} gives {len(ids)} tokens ({len(ids) - n_val} train, {n_val} val); "
-                          f"each split needs at least {need}")
+
+
+def prepare(text: str | bytes, out_dir: str, tokenizer: str = "byte", source: str = "", min_tokens: int = 0,
+            model_vocab: int | None = None, key: str = "data") -> dict:
+    """Tokenize `text`, one document held in memory, into `out_dir` (its last 10% of tokens is
+    validation), write meta.json. Returns meta. `prepare_input` streams files of any size."""
+    from gpt2common import prepare as pp
+    from gpt2common.corpus_sources import Doc
+
+    tok = make_tokenizer(tokenizer, text.decode("utf-8", errors="replace") if isinstance(text, bytes)
+                         and tokenizer == "bpe" else text)
+    _check_vocab(tok, model_vocab)
+    if tok._hf is not None and isinstance(text, bytes):
+        text = _decoded(text, source)
+    raw = text if tok._hf is not None or isinstance(text, bytes) else text.encode("utf-8")
+    n = len(raw) if tok._hf is None else 0
+    st = pp.Settings(source=source, tokenizer=tok.kind)
+    return _run_into(out_dir, tok, lambda: iter([Doc(source or "text", iter([raw]))]), st, single=True,
+                     total_bytes=n, quiet=True, min_tokens=min_tokens, key=key)
+
+
+def _decoded(raw: bytes, source: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        decoded = raw.decode("utf-8", errors="replace")
+        bad = decoded.count("\ufffd") - raw.decode("utf-8", errors="ignore").count("\ufffd")
+        sys.stderr.write(f"warning: input={source!r} is not valid UTF-8 ({bad} undecodable sequences "
+                         f"replaced by U+FFFD); tokenizer=byte would keep the raw bytes\n")
+        return decoded
+
+
+def _run_into(out_dir, tok, docs_fn, st, **kw) -> dict:
+    """`prepare.run` into `out_dir`, created if needed; on bad input (ConfigError) what this call
+    wrote is removed (a continued prepare's earlier shards stay)."""
+    from gpt2common import prepare as pp
+    from gpt2common.outdir import _missing_dirs
+
     out = Path(out_dir)
-    make_out(out_dir)  # a refusal check_writable cannot foresee (/proc) is one line
-    # Write to temp names and rename, so a crash never leaves a half-written prepared dir.
-    for name, arr in (("train.bin", ids[:-n_val]), ("val.bin", ids[-n_val:])):
-        write_atomic(out / name, arr.astype("<u2").tobytes())  # numpy's tofile loses the errno of a short write
-    tok.save(out)
-    meta = {"tokenizer": tok.kind, "vocab_size": tok.vocab_size, "train_tokens": int(len(ids) - n_val),
-            "val_tokens": int(n_val), "source": source}
-    (out / "meta.json").write_text(json.dumps(meta, indent=2))
-    return meta
+    created = _missing_dirs(str(out))  # deepest first: removed again, each while empty, on bad input
+    make_out(str(out_dir))
+    before = set(os.listdir(out))
+    if tok._hf is not None and not (out / "tokenizer.json").exists():
+        tok.save(out)  # first: a continued prepare reads it back (a trained BPE is not trained again)
+    try:
+        return pp.run(docs_fn, str(out), tok, st, **kw)
+    except ConfigError:
+        for name in set(os.listdir(out)) - before:
+            with contextlib.suppress(OSError):
+                os.unlink(out / name)
+        for d in created:
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
+        raise
+
+
+def prepare_input(source: str, out_dir: str, tokenizer: str = "byte", text_key: str = "text", workers: int = 1,
+                  val_fraction: float | None = None, seed: int = 0, shard_tokens: int | None = None,
+                  min_tokens: int = 0, model_vocab: int | None = None, key: str = "input", quiet: bool = False,
+                  seg_chars: int | None = None) -> dict:
+    """Stream the corpus `source` (files, folders, globs, a saved or cached HF dataset; empty: the
+    built-in corpus) into the prepared dir `out_dir` with `workers` processes. Returns meta."""
+    from gpt2common import corpus_sources as cs
+    from gpt2common import prepare as pp
+    from gpt2common.segment import SEG_CHARS
+
+    builtin = not source
+    paths = [] if builtin else cs.input_paths(source, key)
+    if builtin:
+        docs_fn = lambda: iter([cs.Doc(BUILTIN_CORPUS, iter([builtin_text().encode("utf-8")]))])  # noqa: E731
+        total = len(builtin_text().encode("utf-8"))
+    total = total if builtin else sum(os.path.getsize(p) for p in paths)
+    spec = tokenizer
+    out = Path(out_dir)
+    if spec == "bpe" and (out / "tokenizer.json").exists() and (out / pp.PROGRESS).exists():
+        tok = Tokenizer("bpe", _saved_tokenizer(str(out)))  # continuing: the BPE trained before
+    elif spec == "bpe":
+        from gpt2common.segment import segments
+
+        def texts():
+            for d in (docs_fn() if builtin else cs.documents(paths, text_key)):
+                for seg in segments(d.pieces, None, 1 << 20):
+                    yield seg.decode("utf-8", errors="replace") if isinstance(seg, bytes) else seg
+        tok = train_bpe(texts())
+    else:
+        tok = make_tokenizer(spec)
+    _check_vocab(tok, model_vocab)
+    raw = tok._hf is None
+    if not builtin:
+        warned: set = set()
+
+        def warn(m):
+            if m not in warned:
+                warned.add(m)
+                sys.stderr.write(f"warning: {m}\n")
+        docs_fn = lambda: cs.documents(paths, text_key, raw=raw, warn=warn)  # noqa: E731
+    elif not raw:
+        docs_fn = lambda: iter([cs.Doc(BUILTIN_CORPUS, iter([builtin_text()]))])  # noqa: E731
+    single = builtin or cs.is_single_document(paths)
+    st = pp.Settings(source=source or BUILTIN_CORPUS, tokenizer=tok.kind, text_key=text_key,
+                     val_fraction=pp.VAL_FRACTION if val_fraction is None else val_fraction, seed=seed,
+                     shard_tokens=shard_tokens or pp.SHARD_TOKENS, seg_chars=seg_chars or SEG_CHARS)
+    return _run_into(out_dir, tok, docs_fn, st, workers=workers, single=single, total_bytes=total, quiet=quiet,
+                     min_tokens=min_tokens, key=key)
 
 
 def is_prepared(path: str) -> bool:
@@ -235,43 +328,86 @@ def _prepared_for(data: str, tokenizer: str, workdir: str) -> str | None:
 def check_data(data: str, tokenizer: str, workdir: str) -> None:
     """`resolve_data`'s checks of where the data comes from, without reading or writing it
     (`jaxpar launch` runs them once, before any rank starts)."""
+    from gpt2common.corpus_sources import input_paths
+
     if _prepared_for(data, tokenizer, workdir) is None and data:
-        input_files(data, "data")
+        input_paths(data, "data")
+
+
+def _clear_prepared(d: str) -> None:
+    """Remove what a prepare wrote into `d` (meta.json first: no reader takes it half-removed)."""
+    if not os.path.isdir(d):
+        return
+    for name in ["meta.json", "prepare.progress.json", "tokenizer.json"] + sorted(os.listdir(d)):
+        if (name.startswith(("train.", "val.")) and name.endswith((".bin", ".tmp"))) or name in (
+                "meta.json", "prepare.progress.json", "tokenizer.json"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(d, name))
 
 
 def resolve_data(data: str, tokenizer: str, workdir: str, seq_len: int = 0, model_vocab: int | None = None) -> str:
-    """`data=` -> prepared dir. Raw text (file/folder/built-in) is prepared into `workdir`/data,
-    checked (length, vocab) before anything is written there."""
+    """`data=` -> prepared dir. Raw text (files, folders, the built-in corpus) is prepared into
+    `workdir`/data (streamed, one process), checked (length, vocab) before training starts."""
     if (found := _prepared_for(data, tokenizer, workdir)) is not None:
         return found
     target = os.path.join(workdir, "data")
-    source = data or BUILTIN_CORPUS
-    text = builtin_text() if not data else read_input(data, "data")
-    prepare(text, target, tokenizer, source=source, min_tokens=seq_len + 1 if seq_len else 0, model_vocab=model_vocab)
+    _clear_prepared(target)  # the run's own data dir, prepared from another source or tokenizer
+    prepare_input(data, target, tokenizer, min_tokens=seq_len + 1 if seq_len else 0, model_vocab=model_vocab,
+                  key="data", quiet=True)
     return target
 
 
-def load_tokens(path: str) -> np.ndarray:
-    """uint16 memmap of a .bin file; errors name the file."""
+def load_tokens(path: str, dtype: str = "<u2") -> np.ndarray:
+    """memmap of a .bin file (uint16 unless `dtype` says otherwise); errors name the file."""
     if not os.path.isfile(path):
         raise ConfigError(f"data file {path!r} " + ("is not a regular file" if os.path.exists(path) else "does not exist"))
-    size = os.path.getsize(path)
-    if size % 2:
-        raise ConfigError(f"data file {path!r} is corrupt (odd size {size} bytes; expected uint16 tokens)")
+    size, item = os.path.getsize(path), np.dtype(dtype).itemsize
+    if size % item:
+        what = "odd size" if item == 2 else "size not a multiple of 4"
+        raise ConfigError(f"data file {path!r} is corrupt ({what} {size} bytes; expected {np.dtype(dtype).name} tokens)")
     if size == 0:
         raise ConfigError(f"data file {path!r} is empty")
-    return np.memmap(path, dtype="<u2", mode="r")
+    return np.memmap(path, dtype=dtype, mode="r")
 
 
-def load_split(path: str, split: str, meta: dict) -> np.ndarray:
-    """`<split>.bin` of a prepared dir, as long as its meta.json says (a truncated or swapped
-    file would train on other tokens than were prepared, without a word)."""
-    arr = load_tokens(os.path.join(path, f"{split}.bin"))
-    want = meta.get(f"{split}_tokens")
-    if isinstance(want, int) and len(arr) != want:
-        raise ConfigError(f"{split}.bin in {path!r} has {len(arr)} tokens but meta.json says {want} "
-                          "(truncated or replaced); prepare it again")
-    return arr
+def load_split(path: str, split: str, meta: dict):
+    """The `split` tokens of a prepared dir, as long as its meta.json says (a truncated or swapped
+    file would train on other tokens than were prepared, without a word): one memmap, or a
+    `ShardedTokens` over the shards meta.json lists."""
+    from gpt2common.shards import ShardedTokens, shard_list
+
+    shards = shard_list(path, split, meta)
+    if shards is None:  # a single-file dir (before shards, or nanoGPT's layout)
+        arr = load_tokens(os.path.join(path, f"{split}.bin"))
+        want = meta.get(f"{split}_tokens")
+        if isinstance(want, int) and len(arr) != want:
+            raise ConfigError(f"{split}.bin in {path!r} has {len(arr)} tokens but meta.json says {want} "
+                              "(truncated or replaced); prepare it again")
+        return arr
+    dtype = "<u4" if meta.get("dtype") == "uint32" else "<u2"
+    arrays = []
+    for s in shards:
+        arr = load_tokens(os.path.join(path, s["file"]), dtype)
+        if len(arr) != s["tokens"]:
+            raise ConfigError(f"{s['file']} in {path!r} has {len(arr)} tokens but meta.json says {s['tokens']} "
+                              "(truncated or replaced); prepare it again")
+        arrays.append(arr)
+    return arrays[0] if len(arrays) == 1 else ShardedTokens(arrays)
+
+
+SCAN_BYTES = 512 << 20  # a split up to this size is scanned for its largest id; a larger one trusts meta.json
+
+
+def largest_id(path: str, split: str, meta: dict, tokens) -> int:
+    """The largest id of a split: one pass over it (a hand-edited file is caught), or, for a split
+    over SCAN_BYTES that prepare wrote, its shards' max_id in meta.json (a GPT-2 corpus's 17 GB
+    are not read at every start)."""
+    from gpt2common.shards import shard_list
+
+    shards = shard_list(path, split, meta)
+    if shards and len(tokens) * tokens.dtype.itemsize > SCAN_BYTES:
+        return max(s["max_id"] for s in shards)
+    return int(tokens.max())
 
 
 @dataclass(frozen=True)
@@ -287,12 +423,12 @@ class Dataset:
     def open(path: str, model_vocab: int, seq_len: int) -> Dataset:
         meta = read_meta(path, model_vocab)
         train, val = load_split(path, "train", meta), load_split(path, "val", meta)
-        for name, arr in (("train.bin", train), ("val.bin", val)):
+        for name, split, arr in (("train.bin", "train", train), ("val.bin", "val", val)):
             if len(arr) < seq_len + 1:
                 raise ConfigError(f"{name} in {path!r} has {len(arr)} tokens, fewer than train.seq_len+1={seq_len + 1}")
-            # One pass over the file: an id >= vocab would index past the embedding table, which
-            # XLA clamps silently instead of failing.
-            top = int(arr.max())
+            # An id >= vocab would index past the embedding table, which XLA clamps silently
+            # instead of failing: meta.json's largest id per shard, or one pass over the file.
+            top = largest_id(path, split, meta, arr)
             if top >= model_vocab:
                 raise ConfigError(f"{name} in {path!r} holds token id {top} >= model.vocab_size={model_vocab}")
         return Dataset(train, val, int(meta["vocab_size"]), path)

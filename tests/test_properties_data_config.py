@@ -95,7 +95,9 @@ def test_prepare_splits_any_bytes_into_train_and_val_that_concatenate_back(tmp_p
         assert list(out.iterdir()) == []
         return
     meta = data.prepare(raw, out, "byte", source="s", min_tokens=min_tokens)
-    assert meta == {"tokenizer": "byte", "vocab_size": 256, "train_tokens": n - n_val, "val_tokens": n_val, "source": "s"}
+    assert {k: meta[k] for k in ("tokenizer", "vocab_size", "train_tokens", "val_tokens", "source", "split")} == {
+        "tokenizer": "byte", "vocab_size": 256, "train_tokens": n - n_val, "val_tokens": n_val, "source": "s",
+        "split": "tail"}
     assert json.loads((out / "meta.json").read_text()) == meta
     train, val = (np.fromfile(out / f, dtype="<u2") for f in ("train.bin", "val.bin"))
     assert (len(train), len(val)) == (n - n_val, n_val)

@@ -64,6 +64,9 @@ def inspect(argv: list[str]) -> int:
 
 def prepare(argv: list[str]) -> int:
     from gpt2common import data
+    from gpt2common.grammar import parse_value
+    from gpt2common.outdir import check_writable, hold
+    from gpt2common.prepare import PROGRESS
 
     kv = parse_kv(argv, once=True)
     unknown = set(kv) - set(O.names(O.PrepareOptions))
@@ -71,19 +74,34 @@ def prepare(argv: list[str]) -> int:
         raise ConfigError(f"unknown key(s) {', '.join(sorted(unknown))} (valid: {', '.join(O.names(O.PrepareOptions))})")
     if "out" not in kv:
         raise ConfigError("prepare needs out=<dir>")
-    from gpt2common.outdir import check_writable
-
-    check_writable(kv["out"])
-    held = [f for f in ("meta.json", "train.bin", "val.bin") if os.path.exists(os.path.join(kv["out"], f))]
-    if held:  # a run may be reading it: replacing it silently would change that run's data
-        raise ConfigError(f"out={kv['out']!r} already holds prepared data ({', '.join(held)}); "
+    d = O.PrepareOptions()
+    workers = parse_value(int, kv.get("workers", d.workers), "workers")
+    val_fraction = parse_value(float, kv.get("val_fraction", d.val_fraction), "val_fraction")
+    seed = parse_value(int, kv.get("seed", d.seed), "seed")
+    shard_tokens = parse_value(int, kv.get("shard_tokens", d.shard_tokens), "shard_tokens")
+    if workers < 0:
+        raise ConfigError(f"workers={workers} must be >= 0 (0: the cores this process may use)")
+    if not 0 < val_fraction < 1:
+        raise ConfigError(f"val_fraction={val_fraction} must be in (0, 1)")
+    if shard_tokens < 1:
+        raise ConfigError(f"shard_tokens={shard_tokens} must be positive")
+    if not kv.get("text_key", d.text_key):
+        raise ConfigError("text_key='' names no field")
+    workers = workers or len(os.sched_getaffinity(0))
+    out = kv["out"]
+    check_writable(out)
+    held = [f for f in ("meta.json", "train.bin", "val.bin") if os.path.exists(os.path.join(out, f))]
+    if os.path.exists(os.path.join(out, "meta.json")) or (held and not os.path.exists(os.path.join(out, PROGRESS))):
+        # a run may be reading it: replacing it silently would change that run's data
+        raise ConfigError(f"out={out!r} already holds prepared data ({', '.join(held)}); "
                           "choose a new out= or delete it first")
-    src = kv.get("input", "")
-    text = data.builtin_text() if not src else data.read_input(src)
-    # each split must hold one window of the shortest sequence (seq_len 1: 2 tokens), or the
-    # first run on it stops at an empty train.bin
-    meta = data.prepare(text, kv["out"], kv.get("tokenizer", O.PrepareOptions.tokenizer), source=src or data.BUILTIN_CORPUS,
-                        min_tokens=2, key="input")
+    lock = hold(out)
+    try:
+        meta = data.prepare_input(kv.get("input", ""), out, kv.get("tokenizer", d.tokenizer),
+                                  text_key=kv.get("text_key", d.text_key), workers=workers, val_fraction=val_fraction,
+                                  seed=seed, shard_tokens=shard_tokens, min_tokens=2, key="input")
+    finally:
+        lock.release()
     print(json.dumps(meta))
     return 0
 

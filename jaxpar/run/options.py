@@ -13,9 +13,20 @@ from gpt2common.grammar import setting
 
 @dataclass(frozen=True)
 class PrepareOptions:
-    input: str = setting("", "text file, or folder of .txt/.md files; empty: built-in tiny Shakespeare")
-    out: str = setting("", "new directory for meta.json, train.bin, val.bin (required)")
-    tokenizer: str = setting("byte", "byte (256 ids) | bpe (trained here, 4096 ids) | a GPT-2 tokenizer dir")
+    input: str = setting("", "files, folders or globs (comma-separated) of .txt .md .jsonl .jsonl.gz .jsonl.zst "
+                             ".parquet .arrow, a saved HF dataset dir, or a dataset name in the local HF cache; "
+                             "empty: built-in tiny Shakespeare")
+    out: str = setting("", "new directory for meta.json and the token shards (required); an unfinished "
+                           "prepare there is continued")
+    tokenizer: str = setting("byte", "byte (256 ids) | bpe (trained here, 4096 ids) | a tokenizer dir "
+                                     "(tokenizer.json, or vocab.json + merges.txt) | a tokenizer.json | a hub "
+                                     "name in the local HF cache")
+    text_key: str = setting("text", "the field of a JSONL line / Parquet or Arrow row that holds its text")
+    workers: int = setting(0, "tokenizer processes; 0: the cores this process may use")
+    val_fraction: float = setting(0.0005, "fraction of the documents (seeded) that are validation; a "
+                                          "one-document input keeps its last 10% of tokens")
+    seed: int = setting(0, "seed of the validation documents")
+    shard_tokens: int = setting(100_000_000, "tokens per shard (a shard closes at the next document end)")
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,12 @@ TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 200
 def test_prepare_byte_layout(tmp_path):
     meta = data.prepare(TEXT, tmp_path, "byte")
     n = len(TEXT.encode())
+    shards = meta.pop("shards")
     assert meta == {"tokenizer": "byte", "vocab_size": 256, "train_tokens": n - n // 10, "val_tokens": n // 10,
-                    "source": ""}
+                    "source": "", "documents": 1, "val_documents": 1, "eot_id": None, "dtype": "uint16",
+                    "split": "tail", "val_fraction": 0.1, "seed": 0}
+    assert [(s["file"], s["tokens"], s["max_id"]) for s in shards["train"] + shards["val"]] == [
+        ("train.bin", n - n // 10, max(TEXT.encode())), ("val.bin", n // 10, max(TEXT.encode()))]
     train = np.fromfile(tmp_path / "train.bin", dtype="<u2")
     val = np.fromfile(tmp_path / "val.bin", dtype="<u2")
     assert np.array_equal(np.concatenate([train, val]), np.frombuffer(TEXT.encode(), np.uint8))
@@ -60,21 +64,31 @@ def test_eval_windows_contract():
         data.eval_windows(toks, 23)
 
 
+def _all_ids(d):
+    meta = json.loads((d / "meta.json").read_text())
+    return [np.fromfile(d / s["file"], "<u2").tolist() for s in meta["shards"]["train"] + meta["shards"]["val"]]
+
+
 def test_folder_input_reads_txt_and_md(tmp_path):
-    (tmp_path / "b.md").write_text("bbb")
-    (tmp_path / "a.txt").write_text("aaa")
-    (tmp_path / "skip.bin").write_bytes(b"zzz")
-    assert data.read_text(str(tmp_path)) == "aaa\n\nbbb"
+    """Each file is a document; the byte tokenizer (no end-of-text id) separates them by a blank line."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "b.md").write_text("bbb")
+    (tmp_path / "in" / "a.txt").write_text("aaa")
+    (tmp_path / "in" / "skip.bin").write_bytes(b"zzz")
+    meta = data.prepare_input(str(tmp_path / "in"), tmp_path / "p", quiet=True)
+    assert (meta["documents"], meta["val_documents"]) == (2, 1)  # no document drawn: the last is validation
+    assert _all_ids(tmp_path / "p") == [list(b"aaa"), list(b"\n\nbbb")]
 
 
 def test_folder_input_reads_the_files_of_its_subfolders(tmp_path):
-    """`read_input` reads every .txt/.md file *under* the folder, sorted by path. Reference: the files."""
-    (tmp_path / "b.md").write_text("bbb")
-    (tmp_path / "a.txt").write_text("aaa")
-    (tmp_path / "sub" / "deeper").mkdir(parents=True)
-    (tmp_path / "sub" / "deeper" / "c.txt").write_text("ccc")
-    (tmp_path / "sub" / "skip.json").write_text("{}")
-    assert data.read_text(str(tmp_path)) == "aaa\n\nbbb\n\nccc"
+    """Every .txt/.md file *under* the folder, sorted by path. Reference: the files."""
+    (tmp_path / "in" / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "in" / "b.md").write_text("bbb")
+    (tmp_path / "in" / "a.txt").write_text("aaa")
+    (tmp_path / "in" / "sub" / "deeper" / "c.txt").write_text("ccc")
+    (tmp_path / "in" / "sub" / "skip.json").write_text("{}")
+    data.prepare_input(str(tmp_path / "in"), tmp_path / "p", quiet=True)
+    assert _all_ids(tmp_path / "p") == [list(b"aaa\n\nbbb"), list(b"\n\nccc")]
 
 
 def test_byte_decode_drops_ids_past_the_byte_range():

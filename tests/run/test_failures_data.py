@@ -28,10 +28,10 @@ def test_byte_tokenizer_takes_latin1_bytes_as_they_are(tmp_path):
 def test_bpe_on_non_utf8_input_warns_with_the_count(tmp_path, capsys):
     src = tmp_path / "latin1.txt"
     src.write_bytes(LATIN1[:4000])
-    data.prepare(data.read_input(str(src)), tmp_path / "bpe", "bpe", source=str(src))
+    data.prepare_input(str(src), tmp_path / "bpe", "bpe", quiet=True)
     bad = LATIN1[:4000].decode("utf-8", errors="replace").count("\ufffd")
     assert bad > 0
-    assert capsys.readouterr().err == (f"warning: input={str(src)!r} is not valid UTF-8 ({bad} undecodable "
+    assert capsys.readouterr().err == (f"warning: input file {str(src)!r} is not valid UTF-8 ({bad} undecodable "
                                        "sequences replaced by U+FFFD); tokenizer=byte would keep the raw bytes\n")
 
 
