@@ -91,8 +91,9 @@ def test_bf16_chunked_mlp_equals_bf16_plain(bf16_plain_grads, chunks):
 def test_bf16_memory_knobs_keep_the_gradient(bf16_plain_grads, knobs):
     """precision=bf16: remat and vocab chunking change memory, not the gradient beyond bf16 noise. The
     bf16-only code under them (the fused-qkv attention core checkpointed by remat=selective, the
-    chunked head on bf16 activations) against the plain bf16 model; remat=full's recompute may round
-    differently from the forward under XLA's excess precision (jaxpar.tolerances knobs.bf16.grad_l2)."""
+    chunked head on bf16 activations) against the plain bf16 model; a recomputed forward (remat=full's, and
+    on jax 0.12 selective's attention core) may round q, k, v and p differently from the forward under XLA's
+    excess precision, 4 operands per layer (jaxpar.tolerances knobs.bf16.grad_l2: sqrt(4*L)*U_BF16)."""
     l2 = _worst_l2(_bf16_grads(**knobs), bf16_plain_grads)
     assert max(l2.values()) <= KNOBS_BF16_GRAD_L2, list(l2.items())[:3]
 
