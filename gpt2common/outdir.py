@@ -4,9 +4,12 @@ own resume rules) and `torchref train`."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
+import shutil
+import stat
 import sys
 
 from gpt2common.grammar import ConfigError
@@ -66,8 +69,8 @@ def _refusal(out: str, pid: str) -> ConfigError:
 
 def check_free(out: str) -> None:
     """ConfigError naming the holder's pid when a live process holds `out`. Writes nothing."""
-    try:
-        fd = os.open(os.path.join(out, LOCK_FILE), os.O_RDONLY)
+    try:  # O_NOFOLLOW: a `.lock` symlink is nobody's lock (`hold` refuses it)
+        fd = os.open(os.path.join(out, LOCK_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:  # no lock file (or no out): nobody holds it
         return
     try:
@@ -83,15 +86,32 @@ def check_free(out: str) -> None:
 
 
 class OutLock:
-    """The lock of one run on its out dir; `release` (or process exit) gives it up."""
+    """The lock of one run on its out dir; `release` (or process exit) gives it up. `created`:
+    the directories this run made for `out`, `out` first, then each missing parent up to the
+    topmost one (empty when out existed)."""
 
-    def __init__(self, out: str, fd: int, path: str, created: bool):
+    def __init__(self, out: str, fd: int, path: str, created: list[str]):
         self.out, self.fd, self.path, self.created = out, fd, path, created
+
+    def discard(self, names) -> None:
+        """A start that failed before the run's first step: remove the entries `names` of an out
+        this run created, while the lock is still held (no other run can have written there; a
+        parent this run created may hold another run's out: `release` only rmdirs it when empty)."""
+        if self.fd < 0 or not self.created:
+            return
+        for name in names:
+            p = os.path.join(self.out, name)
+            if os.path.isdir(p) and not os.path.islink(p):
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(p)
 
     def release(self) -> None:
         """Remove the lock file, then unlock: whoever opens the path afterwards gets a new file
         (see `hold`), so a clean exit leaves no trace in out; an out this run created and left
-        empty (it failed on its inputs) is removed too."""
+        empty (it failed on its inputs) is removed too, then each parent it created, each only
+        while empty (rmdir): never a directory another run has written into meanwhile."""
         if self.fd < 0:
             return
         try:
@@ -100,25 +120,58 @@ class OutLock:
             pass
         os.close(self.fd)
         self.fd = -1
-        if self.created:
-            try:
-                os.rmdir(self.out)  # only if empty
-            except OSError:
-                pass
+        _remove_empty(self.created)
+
+
+def _remove_empty(dirs: list[str]) -> None:
+    for d in dirs:  # deepest first
+        try:
+            os.rmdir(d)  # only if empty
+        except OSError:
+            break
+
+
+def _missing_dirs(out: str) -> list[str]:
+    """The directories makedirs(out) would create, deepest (out) first."""
+    path, missing = os.path.abspath(out), []
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
+
+
+def _open_lock(out: str, path: str) -> int:
+    """The lock file's fd: never through a symlink (O_NOFOLLOW) and never a file with other names
+    (a hard link): the pid written into it would overwrite a foreign file."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ConfigError(f"out={out!r}: its lock file {LOCK_FILE} is a symlink; remove it (a run never "
+                              "writes through a link)") from None
+        raise ConfigError(f"out={out!r}: cannot create its lock file ({e.strerror})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        os.close(fd)
+        what = "is not a regular file" if not stat.S_ISREG(st.st_mode) else "has other hard links"
+        raise ConfigError(f"out={out!r}: its lock file {LOCK_FILE} {what}; remove it (a run never writes a "
+                          "foreign file)")
+    return fd
 
 
 def hold(out: str) -> OutLock:
     """Create `out` if needed (the run's first write) and take its lock, or raise ConfigError
     naming the holder. The lock file is unlinked on release, so a lock taken on a file that was
     unlinked meanwhile is worthless: the inode is compared with the path's and the take retried."""
-    created = not os.path.isdir(out)
+    created = _missing_dirs(out)
     make_out(out)
     path = os.path.join(out, LOCK_FILE)
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise ConfigError(f"out={out!r}: cannot create its lock file ({e.strerror})") from None
+            fd = _open_lock(out, path)
+        except ConfigError:
+            _remove_empty(created)
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -130,7 +183,7 @@ def hold(out: str) -> OutLock:
                              "would not be detected\n")
             break
         try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            same = os.fstat(fd).st_ino == os.lstat(path).st_ino
         except FileNotFoundError:
             same = False
         if same:

@@ -20,6 +20,7 @@ numpy + json + safetensors only: no pickle anywhere, and neither jax nor torch.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -96,13 +97,18 @@ def write_state(path: str, manifest: dict, params: dict, exp_avg: dict, exp_avg_
     from safetensors.numpy import save
 
     from gpt2common.outdir import make_out
-    from gpt2common.writes import write_atomic
+    from gpt2common.writes import temp_name, write_atomic
 
     if set(params) != set(exp_avg) or set(params) != set(exp_avg_sq):
         raise ValueError("the moments must have the weights' names")
-    tmp = path.rstrip("/") + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    make_out(tmp, key, given=path)  # a refusal check_target cannot foresee (/proc) is one line
+    # A temporary of its own (never another writer's, never removed before use): two writes of
+    # one new DIR each write their own and the second rename is refused, not merged.
+    tmp = temp_name(path.rstrip("/"))
+    make_out(os.path.dirname(os.path.abspath(tmp)), key, given=path)
+    try:
+        os.mkdir(tmp)
+    except OSError as e:  # a refusal check_target cannot foresee (/proc) is one line
+        raise ConfigError(f"{key}={path!r} cannot be created ({e.strerror})") from None
     f32 = lambda v: np.ascontiguousarray(np.asarray(v, dtype=np.float32))  # noqa: E731
     blobs = {MODEL_FILE: save({k: f32(v) for k, v in params.items()}, metadata={"format": "pt"}),
              OPTIMIZER_FILE: save({**{MU + k: f32(v) for k, v in exp_avg.items()},
@@ -113,7 +119,13 @@ def write_state(path: str, manifest: dict, params: dict, exp_avg: dict, exp_avg_
         files = {name: hashlib.sha256(blob).hexdigest() for name, blob in blobs.items()}
         write_atomic(os.path.join(tmp, "config.json"), json.dumps(hf_config, indent=2))
         write_atomic(os.path.join(tmp, MANIFEST), json.dumps({**manifest, "files": files}, indent=2))
-        os.rename(tmp, path)
+        try:
+            os.rename(tmp, path)
+        except OSError as e:
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            raise ConfigError(f"{key}={path!r} already exists (written meanwhile by another process); "
+                              "a state is written into a new directory") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -142,6 +154,7 @@ def read_manifest(path: str, key: str) -> dict:
     for field in ("step", "seed", "model", "train", "optimizer", "files"):
         if field not in m:
             raise ConfigError(f"{key}={path!r}: {MANIFEST} lacks {field!r}")
+    check_fields(m, path, key)
     return m
 
 
@@ -152,9 +165,10 @@ def check_compatible(m: dict, path: str, key: str, model: ModelConfig, train: An
     diffs += [(f"train.{k}", getattr(train, k), m["train"].get(k)) for k in TRAIN_KEYS]
     diffs += [("seed", seed, m["seed"])]
     for name, ours, theirs in diffs:
-        if ours != theirs:
-            raise ConfigError(f"{key}={path!r} was written with {name}={theirs}, this run has {name}={ours} "
+        if ours != theirs:  # check_fields made both numbers: what differs prints differently
+            raise ConfigError(f"{key}={path!r} was written with {name}={theirs!r}, this run has {name}={ours!r} "
                               "(the state continues only the same model, batches and schedule)")
+    check_counts(m, path, key, train.steps)
 
 
 def check_data(m: dict, path: str, key: str, train_tokens: int) -> None:
@@ -165,10 +179,34 @@ def check_data(m: dict, path: str, key: str, train_tokens: int) -> None:
                           f"{train_tokens} (data= differs)")
 
 
+_LAST: dict = {}  # the last state load_state read: {"stamp": ..., "state": State}
+
+
+def _stamp(path: str, key: str) -> tuple:
+    """What identifies one read of a state dir: its path and each file's inode, size and mtime."""
+    def one(name):
+        try:
+            st = os.stat(os.path.join(path, name))
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+    return os.path.abspath(path), key, tuple(one(n) for n in (MANIFEST, MODEL_FILE, OPTIMIZER_FILE))
+
+
+def forget_loaded() -> None:
+    """Drop the state load_state keeps (3 copies of the weights' size) once it is placed."""
+    _LAST.clear()
+
+
 def load_state(path: str, key: str, m: dict | None = None) -> State:
-    """Read a state dir: checksums, names and shapes checked (one-line ConfigErrors naming `key`)."""
+    """Read a state dir, checked whole (one-line ConfigErrors naming `key`): checksums, and each
+    tensor's name, shape, dtype and values (`_check_tensors`). The check before a run's first
+    write reads it; the run's own read later gets the same State (until `forget_loaded`)."""
     from safetensors.numpy import load
 
+    stamp = _stamp(path, key)
+    if _LAST.get("stamp") == stamp:
+        return _LAST["state"]
     m = read_manifest(path, key) if m is None else m
     tensors = {}
     for name in (MODEL_FILE, OPTIMIZER_FILE):
@@ -183,9 +221,103 @@ def load_state(path: str, key: str, m: dict | None = None) -> State:
         tensors[name] = load(blob)
     params = tensors[MODEL_FILE]
     opt = tensors[OPTIMIZER_FILE]
+    shapes = expected_shapes(m["model"])
+    _check_tensors(MODEL_FILE, params, shapes, path, key)
+    _check_tensors(OPTIMIZER_FILE, opt, {p + k: s for p in (MU, NU) for k, s in shapes.items()}, path, key)
     mu = {k[len(MU):]: v for k, v in opt.items() if k.startswith(MU)}
     nu = {k[len(NU):]: v for k, v in opt.items() if k.startswith(NU)}
-    for label, d in (("exp_avg", mu), ("exp_avg_sq", nu)):
-        if set(d) != set(params) or any(d[k].shape != params[k].shape for k in params):
-            raise ConfigError(f"{key}={path!r}: the {label} tensors do not match the weights' names and shapes")
-    return State(m, params, mu, nu)
+    _LAST.update(stamp=stamp, state=State(m, params, mu, nu))
+    return _LAST["state"]
+
+
+# ----------------------------------------------------------------------------- the whole state checked
+# A state is checked whole before a run continues it (both CLIs, before their first write): the
+# manifest's fields by type, its counts against each other and the run's train.steps, and every
+# tensor by name, shape, dtype and value. A NaN or negative second moment would silently freeze
+# its weights (each update is skipped or NaN from then on) and be saved into every later state.
+_INT, _NUM = "an integer", "a finite number"
+_FIELDS = {"step": _INT, "seed": _INT, **{f"model.{k}": _INT for k in SHAPE_KEYS[:-1]},
+           "model.layer_norm_epsilon": _NUM, **{f"train.{k}": _NUM for k in TRAIN_KEYS},
+           **{f"train.{k}": _INT for k in ("steps", "batch_size", "seq_len", "warmup_steps", "grad_accum")},
+           "optimizer.adam_count": _INT, "optimizer.schedule_count": _INT, "optimizer.lr_next": _NUM,
+           f"files.{MODEL_FILE}": "a sha256 string", f"files.{OPTIMIZER_FILE}": "a sha256 string"}
+
+
+def _of_type(v, what: str) -> bool:
+    if what == _INT:
+        return type(v) is int
+    if what == _NUM:
+        return type(v) in (int, float) and np.isfinite(v)
+    return isinstance(v, str)
+
+
+def check_fields(m: dict, path: str, key: str) -> None:
+    """Each field the readers use has its type (a bool is not an integer), counts are >= 0."""
+    where = f"{key}={path!r}: {MANIFEST} field"
+    for name, what in _FIELDS.items():
+        section, _, sub = name.partition(".") if "." in name else ("", "", name)
+        holder = m.get(section) if section else m
+        if not isinstance(holder, dict):
+            raise ConfigError(f"{where} {section!r} is {holder!r}, not an object")
+        if sub not in holder:
+            raise ConfigError(f"{where} {name} is missing")
+        if not _of_type(holder[sub], what):
+            raise ConfigError(f"{where} {name} is {holder[sub]!r}, not {what}")
+    for name in ("step", "optimizer.adam_count", "optimizer.schedule_count", "nonfinite_skipped"):
+        section, _, sub = name.partition(".") if "." in name else ("", "", name)
+        v = (m[section] if section else m).get(sub, 0)
+        if type(v) is not int or v < 0:
+            raise ConfigError(f"{where} {name} is {v!r}, not an integer >= 0")
+    for section in ("data", "rng"):
+        if section in m and not isinstance(m[section], dict):
+            raise ConfigError(f"{where} {section!r} is {m[section]!r}, not an object")
+    tokens = m.get("data", {}).get("train_tokens")
+    if tokens is not None and type(tokens) is not int:
+        raise ConfigError(f"{where} data.train_tokens is {tokens!r}, not an integer")
+
+
+def check_counts(m: dict, path: str, key: str, train_steps: int) -> None:
+    """The AdamW and schedule counts are the updates applied: the step less the non-finite steps
+    jaxpar skipped (counts unchanged, step advanced); the step leaves a step of train.steps to run."""
+    opt, step, skipped = m["optimizer"], m["step"], m.get("nonfinite_skipped", 0)
+    if step >= train_steps:
+        raise ConfigError(f"{key}={path!r} is at step {step}: train.steps={train_steps} leaves no step to run")
+    if not opt["adam_count"] == opt["schedule_count"] == step - skipped:
+        raise ConfigError(f"{key}={path!r} is inconsistent: step {step} with {skipped} skipped non-finite steps "
+                          f"needs AdamW and schedule counts {step - skipped}, the manifest has "
+                          f"{opt['adam_count']} and {opt['schedule_count']}")
+
+
+def expected_shapes(model: dict) -> dict[str, tuple[int, ...]]:
+    """{HF name: shape} of the weights of a state's `model` (each moment has its weight's name
+    and shape): wte (V, D), wpe (P, D), ln_f, and per layer c_attn (D, 3D), c_fc (D, 4D), ..."""
+    D, L = model["n_embd"], model["n_layer"]
+    shapes = {"transformer.wte.weight": (model["vocab_size"], D), "transformer.wpe.weight": (model["n_positions"], D),
+              "transformer.ln_f.weight": (D,), "transformer.ln_f.bias": (D,)}
+    per_layer = {"ln_1.weight": (D,), "ln_1.bias": (D,), "attn.c_attn.weight": (D, 3 * D), "attn.c_attn.bias": (3 * D,),
+                 "attn.c_proj.weight": (D, D), "attn.c_proj.bias": (D,), "ln_2.weight": (D,), "ln_2.bias": (D,),
+                 "mlp.c_fc.weight": (D, 4 * D), "mlp.c_fc.bias": (4 * D,), "mlp.c_proj.weight": (4 * D, D),
+                 "mlp.c_proj.bias": (D,)}
+    for i in range(L):
+        shapes.update({f"transformer.h.{i}.{k}": s for k, s in per_layer.items()})
+    return shapes
+
+
+def _check_tensors(file: str, tensors: dict, want: dict, path: str, key: str) -> None:
+    """`tensors` (one safetensors file, names as stored) holds exactly `want`'s names, each fp32 of
+    its shape and finite; a second moment (exp_avg_sq.*) is also >= 0."""
+    where = f"{key}={path!r}: {file}"
+    if extra := sorted(set(tensors) - set(want)):
+        raise ConfigError(f"{where} holds tensors no GPT-2 state has ({', '.join(extra[:3])})")
+    if missing := sorted(set(want) - set(tensors)):
+        raise ConfigError(f"{where} lacks {', '.join(missing[:3])}")
+    for name, shape in want.items():
+        v = tensors[name]
+        if v.dtype != np.float32:
+            raise ConfigError(f"{where}: {name} is {v.dtype}, not float32")
+        if tuple(v.shape) != shape:
+            raise ConfigError(f"{where}: {name} has shape {tuple(v.shape)}, expected {shape}")
+        if not np.isfinite(v).all():
+            raise ConfigError(f"{where}: {name} holds non-finite values")
+        if name.startswith(NU) and (v < 0).any():
+            raise ConfigError(f"{where}: {name} holds negative second moments")

@@ -21,6 +21,8 @@ import errno
 import logging
 import os
 import re
+import secrets
+import stat
 import sys
 
 WRITE_FAILED_EXIT = 4
@@ -62,15 +64,35 @@ def failure_line(e: BaseException) -> str | None:
     return None
 
 
+def temp_name(path: str) -> str:
+    """A name beside `path` that no other writer picks (two writers of one path never share a
+    temporary, and a leftover of a killed one is never reused): `<path>.<pid>.<random>.tmp`."""
+    return f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+
+
+def open_new(path, text: bool = True, append: bool = False):
+    """A file object for a file the run writes, opened without following a symlink (O_NOFOLLOW:
+    ELOOP) and never truncating a foreign file: a new file (O_EXCL) unless `append`, where an
+    existing file must be a regular file of one name (a hard link would append to a foreign one)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_EXCL)
+    fd = os.open(path, flags, 0o666)  # the umask applies, as for open()
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        os.close(fd)
+        raise OSError(errno.EEXIST, "not a regular file of one name (a run never writes a foreign file)", path)
+    return os.fdopen(fd, ("a" if append else "w") + ("" if text else "b"))
+
+
 def write_atomic(path, data: str | bytes) -> None:
     """`path` holds `data` or, when the write fails, its old content (or nothing): the data goes
-    to a temporary file renamed over `path`; a failed write removes the temporary file and, for
-    a storage failure, raises WriteFailed naming `path`."""
+    to a temporary file of its own (`temp_name`, created new: never through a symlink, never a
+    foreign file) renamed over `path` (a symlink there is replaced, not followed); a failed write
+    removes the temporary file and, for a storage failure, raises WriteFailed naming `path`."""
     path = os.fspath(path)
-    tmp = path + ".tmp"
+    tmp = temp_name(path)
     with refused_write(path):
         try:
-            with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+            with open_new(tmp, text=not isinstance(data, bytes)) as f:
                 f.write(data)
             os.replace(tmp, path)
         except OSError:

@@ -39,15 +39,15 @@ def check(cfg, ref) -> dict | None:
         raise ConfigError(f"{KEY}={cfg.init_state!r} has AdamW count {opt.get('adam_count')} and schedule count "
                           f"{opt.get('schedule_count')} at step {m['step']} (skipped non-finite steps); torchref "
                           "continues only states whose counts equal the step")
-    if m["step"] >= cfg.train.steps:
-        raise ConfigError(f"{KEY}={cfg.init_state!r} is at step {m['step']}: train.steps={cfg.train.steps} "
-                          "leaves no step to run")
+    fmt.load_state(cfg.init_state, KEY, m)  # checked whole (finite, fp32, no extra tensors) before any write
     return m
 
 
 def weights(path: str, m: dict) -> dict[str, np.ndarray]:
     """The state's HF-named fp32 weights (checksums checked): the run's `<out>/init/` weights."""
-    return fmt.load_state(path, KEY, m).params
+    params = fmt.load_state(path, KEY, m).params
+    fmt.forget_loaded()  # the ranks read the moments themselves
+    return params
 
 
 def load_optimizer(opt, named, path: str) -> int:

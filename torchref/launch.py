@@ -71,6 +71,14 @@ def check_out(out: Path) -> None:
         return
     if (out / "summary.json").exists():
         raise ConfigError(f"out={str(out)!r} holds a finished torchref run (summary.json); choose another out")
+    # A killed run's states (`state_every=`) are its only checkpoints: a restart would remove
+    # them, so the out is refused and they stay (init_state= continues one in another out).
+    states = sorted((e.name for e in (out / "state").iterdir()), key=lambda n: (len(n), n)) \
+        if (out / "state").is_dir() else []
+    if states:
+        shown = ", ".join(f"state/{n}" for n in states[:3]) + (", ..." if len(states) > 3 else "")
+        raise ConfigError(f"out={str(out)!r} holds the training states of an unfinished torchref run ({shown}); "
+                          "continue one with init_state=<that dir> and another out, or choose another out")
     foreign = sorted(e.name for e in out.iterdir()
                      if e.name not in RUN_ENTRIES | {LOCK_FILE} and not e.name.startswith("grads_step"))
     if foreign:
@@ -109,7 +117,7 @@ def prepare(cfg: RunConfig, ref: RefConfig):
     make_out(str(out))
     for stale in ("metrics.jsonl", "summary.json"):  # a failed earlier attempt's leftovers
         (out / stale).unlink(missing_ok=True)
-    for d in ("procs", "logs", handoff.STATE_DIR):
+    for d in ("procs", "logs"):  # never state/: check_out refused an out holding states
         shutil.rmtree(out / d, ignore_errors=True)
     for g in out.glob("grads_step*.safetensors"):
         g.unlink()
@@ -249,7 +257,11 @@ def train(cfg: RunConfig, ref: RefConfig, on_start: Callable[[], None] | None = 
     check(cfg, ref)  # a state that cannot continue this run: refused before out is created
     lock = hold(cfg.out)  # this process holds out until the run ends (gpt2common/outdir.py)
     try:
-        job = prepare(cfg, ref)
+        try:
+            job = prepare(cfg, ref)
+        except BaseException:  # refused before any worker: an out this run created goes, lock held
+            lock.discard(RUN_ENTRIES)
+            raise
         if on_start is not None:
             on_start()
         world = strategy.world_size(ref.workers)

@@ -69,6 +69,7 @@ def check_init_state(cfg: Config) -> dict | None:
         raise ConfigError(f"init={cfg.init!r} cannot be combined with init_state= (the state holds the weights)")
     m = fmt.read_manifest(cfg.init_state, KEY)
     fmt.check_compatible(m, cfg.init_state, KEY, cfg.model, cfg.train, cfg.seed)
+    fmt.load_state(cfg.init_state, KEY, m)  # checked whole (finite, fp32, no extra tensors) before any write
     return m
 
 
@@ -95,4 +96,5 @@ def initial_state(cfg: Config, trainer, manifest: dict, ds: data_lib.Dataset) ->
     state = {"step": jax.device_put(np.int32(st.step), sh["step"]),
              "params": jax.device_put(params, sh["params"]),
              "opt_state": jax.device_put(host_opt, sh["opt_state"])}
+    fmt.forget_loaded()
     return state, st.step, int(manifest.get("nonfinite_skipped", 0))

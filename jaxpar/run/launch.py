@@ -140,6 +140,7 @@ def _check_inputs(cfg) -> None:
     """The inputs a train reads besides init=, checked without reading them whole: each rank would
     report the same error (plan=, init_state=), or process 0 alone while the others wait on it (data=)."""
     from gpt2common import data as data_lib
+    from gpt2common.state import forget_loaded
     from jaxpar.planner.plan import load_plan
     from jaxpar.run.handoff import check_init_state
 
@@ -147,6 +148,7 @@ def _check_inputs(cfg) -> None:
     if cfg.plan and cfg.plan != "auto":
         load_plan(cfg.plan)
     check_init_state(cfg)
+    forget_loaded()  # the ranks read the state themselves
 
 
 def main(argv: list[str]) -> int:

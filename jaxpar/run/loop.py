@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -31,7 +30,7 @@ from jaxpar.run.checkpoint import Checkpointer, restore
 from jaxpar.run.ckpt_clock import CheckpointClock
 from jaxpar.run.evaluation import mean_loss
 from jaxpar.run.launch import LOST_PEER_EXIT
-from jaxpar.run.metrics import METRICS_FILE, MetricsLogger, start_wandb, truncate_after
+from jaxpar.run.metrics import METRICS_FILE, WANDB_ID_FILE, MetricsLogger, start_wandb, truncate_after
 from jaxpar.train import build_trainer, device_peak_flops, resolve_layout
 
 
@@ -174,8 +173,7 @@ def run_train(cfg: Config) -> int:
     is_main = jax.process_index() == 0
     # Signals from here on stop the run at a step boundary: one before the first step is
     # carried by step 1, so all processes agree and a checkpoint is written.
-    # _removed_if_no_step first: it notes which directories exist before _holding_out creates out
-    with _StopFlag() as stop, _removed_if_no_step(cfg.out, is_main), _holding_out(cfg.out, is_main):
+    with _StopFlag() as stop, _holding_out(cfg.out, is_main):
         if is_main:  # again under the lock: another run may have started meanwhile
             resume_step, restart = rundir.check_out_dir(cfg, _latest_step)
         ds = _prepare_data(cfg, is_main)
@@ -193,28 +191,6 @@ def run_train(cfg: Config) -> int:
             ckpt.close()
 
 
-@contextlib.contextmanager
-def _removed_if_no_step(out: str, is_main: bool):
-    """A start that fails before its first step (data missing or too short, a vocab too small,
-    a compile that runs out of memory) leaves no directory behind that it created: nothing of the
-    run exists yet, and a leftover `out` would only be in the way. Directories that existed
-    before (a restartable run's leftovers, the parent of `out`) are kept."""
-    top = None
-    if is_main:
-        top = os.path.abspath(out)
-        while not os.path.exists(os.path.dirname(top)):  # makedirs creates the missing parents too
-            top = os.path.dirname(top)
-        top = None if os.path.exists(top) else top
-    try:
-        yield
-    except BaseException:
-        metrics = os.path.join(out, METRICS_FILE)
-        if top is not None and not rundir.checkpoint_steps(out) and not (
-                os.path.exists(metrics) and os.path.getsize(metrics)):
-            shutil.rmtree(top, ignore_errors=True)
-        raise
-
-
 def _agree(value: int) -> int:
     """Process 0's `value` on every process (a checkpoint step all of them save at)."""
     from jax.experimental import multihost_utils
@@ -225,10 +201,21 @@ def _agree(value: int) -> int:
 @contextlib.contextmanager
 def _holding_out(out: str, is_main: bool):
     """Process 0 holds `out` for the run's lifetime (gpt2common/outdir.py), from its first write
-    (creating it) until the run ends, however it ends."""
+    (creating it) until the run ends, however it ends. A start that fails before its first step
+    (data missing or too short, a vocab too small, a compile that runs out of memory) leaves
+    nothing behind that it created, removed while the lock is still held: the run's own entries
+    of an out it created, then that out and each parent it created, each only while empty (a
+    parent may hold another run's out by then). What existed before (a restartable run's
+    leftovers, the parent of `out`) is kept."""
     lock = hold(out) if is_main else None
     try:
         yield
+    except BaseException:
+        metrics = os.path.join(out, METRICS_FILE)
+        if lock is not None and not rundir.checkpoint_steps(out) and not (
+                os.path.exists(metrics) and os.path.getsize(metrics)):
+            lock.discard(rundir.RUN_ENTRIES | {"wandb", WANDB_ID_FILE})
+        raise
     finally:
         if lock is not None:
             lock.release()
