@@ -108,6 +108,13 @@ def test_export_of_a_gpt2_tokenizer_run_carries_its_vocab_and_merges(tmp_path):
     assert tok.decode(tok(text).input_ids) == ours.decode(ours.encode(text)) == text
     assert (tok.eos_token, tok.eos_token_id) == ("<|endoftext|>", 0)
     assert json.loads((out / "config.json").read_text())["vocab_size"] == mc.vocab_size
+    # The tokenizer's length limit is the context, n_positions = 64, not the vocabulary (~300 here;
+    # gpt2-tiny has 256 of both, so only a shape where they differ tells the two fields apart):
+    # truncation cuts a text longer than both at the 64 positions the model has.
+    assert mc.vocab_size != mc.n_positions and tok.model_max_length == 64
+    long_text = PANGRAM * 40
+    assert len(ours.encode(long_text)) > mc.vocab_size
+    assert tok(long_text, truncation=True).input_ids == ours.encode(long_text).tolist()[:64]
 
 
 def test_prepared_bpe_tokenizer_is_exported_as_the_run_used_it(tmp_path):
