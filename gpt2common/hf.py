@@ -49,6 +49,9 @@ def model_config_from_hf(path: str) -> ModelConfig:
         with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
             c = json.load(f)
     except (FileNotFoundError, NotADirectoryError):  # NotADirectoryError: init= / hf= names a file
+        if not os.path.exists(path) and HUB_ID.fullmatch(path) and "/" in path:
+            raise ConfigError(f"{path!r} is no dir, nor a model in the local HF cache ({hub_cache_dir()}); "
+                              f"jaxpar never downloads: fetch it first (huggingface-cli download {path})") from None
         raise ConfigError(f"{path!r} is not an HF save_pretrained dir (no config.json)") from None
     except OSError as e:  # a directory named config.json, no read permission
         raise ConfigError(f"{path!r}: config.json cannot be read ({e.strerror})") from None
@@ -160,6 +163,12 @@ def save_hf(path: str, cfg: ModelConfig, params: Params) -> None:
 
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # gpt2, openai-community/gpt2
+
+
+def hub_cache_dir() -> str:
+    """Where `cached_snapshot` looks (HF_HUB_CACHE, else HF_HOME/hub)."""
+    home = os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface"))
+    return os.environ.get("HF_HUB_CACHE", os.path.join(home, "hub"))
 
 
 def cached_snapshot(name: str) -> str | None:

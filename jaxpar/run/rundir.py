@@ -129,6 +129,26 @@ def _vocab_from_data(cfg: Config, given: dict) -> Config:
     return C.validate(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab)))
 
 
+def _tokenizer_from_init(cfg: Config, given: dict) -> Config:
+    """A fine-tune (init=DIR) on raw text tokenizes with the tokenizer DIR ships (tokenizer.json,
+    or vocab.json + merges.txt), unless tokenizer= is given: the byte default would feed a GPT-2
+    ids it never saw. Recorded in config.json, so a resume tokenizes alike. A DIR without one
+    (weights only) keeps the byte default, with a warning."""
+    from gpt2common import data as data_lib
+    from gpt2common import hf
+
+    if not cfg.init or "tokenizer" in given or (cfg.data and data_lib.is_prepared(cfg.data)):
+        return cfg
+    d = hf.cached_snapshot(cfg.init) or cfg.init
+    if not os.path.isfile(os.path.join(d, "model.safetensors")):
+        return cfg  # no HF weights: init= itself is refused, with its reason, when they are read
+    if not data_lib.has_tokenizer(d):
+        print(f"warning: init={cfg.init!r} ships no tokenizer (tokenizer.json, or vocab.json + merges.txt): "
+              f"data={cfg.data or data_lib.BUILTIN_CORPUS!r} is tokenized with tokenizer={cfg.tokenizer}", file=sys.stderr)
+        return cfg
+    return dataclasses.replace(cfg, tokenizer=os.path.abspath(d))
+
+
 def resolve_train(kv: dict, config_file: str | None, writer: bool = True) -> Config:
     """`jaxpar train` settings. With resume=true the run's own config.json is the base and only
     the keys given (YAML, then key=value) are applied; keys that change shapes or data are refused.
@@ -143,7 +163,7 @@ def resolve_train(kv: dict, config_file: str | None, writer: bool = True) -> Con
         check_free(out)
     if not resume:  # (resume=true refuses init= itself: the checkpoint holds the weights)
         check_init_model_keys(given)
-        return _vocab_from_data(C.resolve_kv(kv, base=None, file_kv=file_kv), given)
+        return _vocab_from_data(_tokenizer_from_init(C.resolve_kv(kv, base=None, file_kv=file_kv), given), given)
     saved = read_run_config(out)
     # The checkpoint holds the weights (init= is spent) and the plan was applied when the run began.
     base = C.Config(**{**{f: getattr(saved, f) for f in saved.__dataclass_fields__}, "init": "", "init_state": "",

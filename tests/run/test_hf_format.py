@@ -151,7 +151,9 @@ def test_a_hub_name_loads_from_the_local_cache_only(tmp_path, monkeypatch):
     assert a.keys() == b.keys() and all(np.array_equal(a[k].astype(np.float32), b[k]) for k in a)
     with pytest.raises(ConfigError) as e:
         hf.load_hf("someorg/not-cached", "init")
-    assert str(e.value) == "init='someorg/not-cached' is not an HF save_pretrained dir (no config.json)"
+    assert str(e.value) == (f"init='someorg/not-cached' is no dir, nor a model in the local HF cache "
+                            f"({hf.hub_cache_dir()}); jaxpar never downloads: fetch it first "
+                            "(huggingface-cli download someorg/not-cached)")
     assert hf.cached_snapshot(".hidden") is None and hf.cached_snapshot("a/b/c") is None
 
 

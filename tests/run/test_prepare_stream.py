@@ -222,3 +222,37 @@ def test_bad_input_is_one_line_and_nothing_is_written(corpus, tmp_path):
         "error: input='me/absent' does not exist, nor is it a dataset in the local HF cache (")
     assert _refused(["input=", "workers=-1"], tmp_path) == "error: workers=-1 must be >= 0 (0: the cores this process may use)\n"
     assert _refused(["val_fraction=1"], tmp_path) == "error: val_fraction=1.0 must be in (0, 1)\n"
+
+
+def test_a_fine_tune_tokenizes_with_the_tokenizer_its_init_dir_ships(corpus, tmp_path, capsys):
+    """`train init=EXPORT data=text.txt`: the export's tokenizer.json (jaxpar's own export format),
+    not the byte default; tokenizer= given keeps its value; a dir with weights only warns."""
+    from gpt2common import hf, hf_tokenizer
+    from gpt2common.init import init_params
+    from gpt2common.model import ModelConfig
+    from jaxpar.run.rundir import resolve_train
+
+    _, docs, hfk = corpus
+    tok = data.Tokenizer("bpe", hfk)
+    mc = ModelConfig(n_layer=1, n_embd=16, n_head=2, vocab_size=tok.vocab_size, n_positions=32)
+    export = tmp_path / "export"
+    hf.save_hf(str(export), mc, init_params(mc, seed=0))
+    hf_tokenizer.save_tokenizer(str(export), tok, mc.n_positions)
+    text = "\n".join(docs)
+    (tmp_path / "t.txt").write_text(text)
+    cfg = resolve_train({"init": str(export), "data": str(tmp_path / "t.txt"), "out": str(tmp_path / "run")}, None,
+                        writer=False)
+    assert cfg.tokenizer == str(export)
+    d = data.resolve_data(cfg.data, cfg.tokenizer, cfg.out, 8, cfg.model.vocab_size)
+    ids = _split_ids(tmp_path / "run" / "data", "train") + _split_ids(tmp_path / "run" / "data", "val")
+    assert ids == hfk.encode(text, add_special_tokens=False).ids + [hfk.token_to_id("<|endoftext|>")]
+    assert data.read_meta(d)["vocab_size"] == tok.vocab_size
+    given = resolve_train({"init": str(export), "data": str(tmp_path / "t.txt"), "tokenizer": "byte",
+                           "out": str(tmp_path / "r2")}, None, writer=False)
+    assert given.tokenizer == "byte"
+    bare = tmp_path / "bare"
+    hf.save_hf(str(bare), mc, init_params(mc, seed=0))
+    capsys.readouterr()
+    assert resolve_train({"init": str(bare), "out": str(tmp_path / "r3")}, None, writer=False).tokenizer == "byte"
+    assert capsys.readouterr().err == (f"warning: init={str(bare)!r} ships no tokenizer (tokenizer.json, or vocab.json"
+                                       " + merges.txt): data='tinyshakespeare' is tokenized with tokenizer=byte\n")
