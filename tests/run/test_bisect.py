@@ -142,6 +142,72 @@ def test_a_planted_bug_is_named_where_it_first_shows(bug, ref, monkeypatch):
     assert before and not any(r.over for r in before)
 
 
+def _scaled(result: dict, section: str, name: str, factor: float) -> dict:
+    """A copy of one side's result with tensor `name` of `section` ("acts" or "grads") times
+    `factor` (float64: the change is exactly factor - 1 relative, in every metric: inf, l2, rel)."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in result.items()}
+    out[section][name] = np.asarray(result[section][name], np.float64) * factor
+    return out
+
+
+# (kind, the row it is read at, the section of the result it lives in): one row of every kind of
+# bisect_compare.bounds, so each entry of the bounds table is walked
+KIND_ROWS = [("activation", "transformer.h.1.mlp.act", "acts"), ("loss", "loss", "acts"),
+             ("grad", "transformer.h.0.mlp.c_fc.weight", "grads")]
+# the bounds table by hand (the entries of jaxpar/tolerances.py each kind is judged by): fp32 on
+# both sides, or a bf16 jaxpar side (scaled by the host's bf16 factor)
+WANT = {False: {"activation": T.TABLE["bisect.fp32.activation"].value, "loss": T.TABLE["parity.fp32.loss"].value,
+                "grad": T.TABLE["parity.fp32.grad"].value},
+        True: {k: v * T.BF16_HOST_FACTOR for k, v in (("activation", T.TABLE["model.bf16.logits"].value),
+                                                      ("loss", T.TABLE["parity.bf16.loss"].value),
+                                                      ("grad", T.TABLE["parity.bf16.grad_l2"].value))}}
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind,row,section", KIND_ROWS, ids=[k for k, _, _ in KIND_ROWS])
+def test_each_kind_is_judged_at_its_own_bound(ref, kind, row, section, bf16):
+    """The bounds table walked at its boundary: a change of 0.5x its kind's bound reads clean,
+    2x is named at that row with that bound in the `bound` column. The fp32 gradient bound (3e-6)
+    is 2600x below the bf16 one (7.8e-3): fp32 gradient rows judged at the bf16 bound let a
+    gradient-only bug up to ~1e-3 read clean. The torchref side against a copy of itself
+    (no JAX run): the precision of the pair picks the bounds (a bf16 jaxpar side: bf16)."""
+    import dataclasses
+
+    a, b, _, _, rb = ref
+    cfg_a = dataclasses.replace(a.cfg, precision="bf16" if bf16 else "fp32")
+    bound = WANT[bf16][kind]
+    name = row if section == "acts" else f"grad/{row}"
+    for factor, over in ((0.5, False), (2.0, True)):
+        rows, _ = compare(_scaled(rb, section, row, 1 + factor * bound), rb, cfg_a, b.cfg, ("jaxpar", b.kind))
+        by = {r.name: r for r in rows}
+        assert by[name].bound == pytest.approx(bound, rel=1e-12), (name, by[name])
+        assert by[name].max_rel == pytest.approx(factor * bound, rel=1e-6), (name, by[name])
+        first = next((r for r in rows if r.over), None)
+        assert (first.name if first else None) == (name if over else None), (factor, first)
+    # every row of the kind carries the same bound
+    same = [r for r in rows if (r.name.startswith("grad/") if kind == "grad" else
+                                r.name == "loss" if kind == "loss" else "/" not in r.name and r.name != "loss")]
+    assert same and {r.bound for r in same} == {by[name].bound}
+
+
+def test_a_side_that_goes_nonfinite_is_named_where_it_first_does(ref):
+    """A NaN in one weight of block 1's MLP (c_fc) on one side: its activations are NaN from
+    that matmul on, then the loss, every gradient and moment. NaN compares false with every bound,
+    so a row must be over unless its max rel is *within* the bound: bisect names
+    transformer.h.1.mlp.c_fc, with every row before it clean and every row after it over."""
+    a, b, params, (x, y), rb = ref
+    bad = {**params, "h": {**params["h"], "mlp": {**params["h"]["mlp"], "c_fc": dict(params["h"]["mlp"]["c_fc"])}}}
+    w = np.array(bad["h"]["mlp"]["c_fc"]["weight"])  # (L, D, 4D): layer 1's first weight
+    w[1, 0, 0] = np.nan
+    bad["h"]["mlp"]["c_fc"]["weight"] = w
+    rows, one_sided = compare(bisect.run_side(b, bad, x, y), rb, b.cfg, b.cfg, (b.kind, b.kind))
+    text, first = report(rows, one_sided, b.text + " (NaN)", b.text)
+    assert first is not None and first.name == "transformer.h.1.mlp.c_fc", text
+    assert np.isnan(first.max_rel) and not any(r.over for r in rows[:rows.index(first)])
+    # the global-norm clip spreads the NaN to every gradient, moment and update
+    assert all(r.over for r in rows[rows.index(first):]), text
+    assert text.splitlines()[-1].startswith("first over its bound: transformer.h.1.mlp.c_fc (max rel nan > bound ")
+
 def test_bad_descriptions_are_one_error_line_naming_the_value(capsys):
     from jaxpar import cli
 
