@@ -51,6 +51,58 @@ def test_checks_name_the_value(tmp_path):
         fmt.check_data({**m, "data": {"train_tokens": 1000}}, path, "init_state", 999)
 
 
+# The settings of the model and the optimizer a state does NOT pin, each with why; every other
+# field of ModelConfig and OptimSettings (and the seed) must be pinned. The walk below reads the
+# dataclasses, not gpt2common.state's tables, so a key dropped from those tables (or a new
+# setting nobody decided on) fails it.
+UNPINNED = {"train.grad_accum": "every value computes the same mean gradient",
+            "model.dropout": "a training choice, not a shape (as init= takes it from the run)",
+            "model.attention": "which core computes attention: the same numbers"}
+
+
+def _changed(v):
+    """Another valid value of the same type: int + 1, float / 2 (0 -> 0.5), str -> another core."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise TypeError(f"no rule to change {v!r}")
+    if isinstance(v, str):
+        return "xla" if v != "xla" else "auto"
+    return v + 1 if isinstance(v, int) else (v / 2 if v else 0.5)
+
+
+def test_every_setting_the_state_pins_is_refused_when_changed_once(tmp_path):
+    """The table of pinned keys walked: each field of ModelConfig and OptimSettings, and the seed,
+    changed alone, is refused naming both values (warmup_steps dropped from the table would let a
+    continuing run follow another schedule, silently); the UNPINNED ones are accepted."""
+    from gpt2common.optim import OptimSettings
+
+    path = _write(tmp_path / "s")
+    m = fmt.read_manifest(path, "init_state")
+    fmt.check_compatible(m, path, "init_state", S.TINY, S.TRAIN, 0)  # unchanged: accepted
+    keys = [("model", f.name) for f in dataclasses.fields(S.TINY)] + [
+        ("train", f.name) for f in dataclasses.fields(OptimSettings)] + [("", "seed")]
+    assert len(keys) == 8 + 12 + 1  # a new setting lands here with a decision: pinned or UNPINNED
+    refused = []
+    for section, name in keys:
+        model, train, seed = S.TINY, S.TRAIN, 0
+        if section == "model":
+            old = getattr(model, name)
+            model = dataclasses.replace(model, **{name: _changed(old)})
+        elif section == "train":
+            old = getattr(train, name)
+            train = dataclasses.replace(train, **{name: _changed(old)})
+        else:
+            old, seed = 0, 1
+        key = f"{section}.{name}" if section else name
+        if key in UNPINNED:
+            fmt.check_compatible(m, path, "init_state", model, train, seed)
+            continue
+        with pytest.raises(ConfigError) as e:
+            fmt.check_compatible(m, path, "init_state", model, train, seed)
+        assert str(e.value) == (f"init_state={path!r} was written with {key}={old}, this run has {key}={_changed(old)} "
+                                "(the state continues only the same model, batches and schedule)"), key
+        refused.append(key)
+    assert len(refused) == len(keys) - len(UNPINNED) == 18
+
 def test_bad_dirs_are_one_line_errors(tmp_path):
     path = _write(tmp_path / "s")
     with pytest.raises(ConfigError, match="already exists; a state is written into a new directory"):
