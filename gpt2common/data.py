@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import json
 import os
 import sys
@@ -211,9 +212,11 @@ def _run_into(out_dir, tok, docs_fn, st, **kw) -> dict:
     before = set(os.listdir(out))
     if tok._hf is not None and not (out / "tokenizer.json").exists():
         tok.save(out)  # first: a continued prepare reads it back (a trained BPE is not trained again)
+    from gpt2common.writes import WriteFailed
+
     try:
         return pp.run(docs_fn, str(out), tok, st, **kw)
-    except ConfigError:
+    except (ConfigError, WriteFailed):
         for name in set(os.listdir(out)) - before:
             with contextlib.suppress(OSError):
                 os.unlink(out / name)
@@ -330,8 +333,45 @@ def check_data(data: str, tokenizer: str, workdir: str) -> None:
     (`jaxpar launch` runs them once, before any rank starts)."""
     from gpt2common.corpus_sources import input_paths
 
-    if _prepared_for(data, tokenizer, workdir) is None and data:
+    if parse_mixture(data) is None and _prepared_for(data, tokenizer, workdir) is None and data:
         input_paths(data, "data")
+
+
+def parse_mixture(spec: str, key: str = "data") -> list[tuple[str, float]] | None:
+    """`a:0.7,b:0.3` (prepared dirs with weights; a part without one weighs 1) -> [(dir, weight)];
+    None when `spec` is one path or raw text (a comma list of text files is one corpus)."""
+    if not spec or spec in ("",) or is_prepared(spec):
+        return None
+    parts = []
+    for part in spec.split(","):
+        path, sep, w = part.rpartition(":")
+        if not sep:
+            path, w = part, "1"
+        parts.append((path, w))
+    if not all(is_prepared(p) for p, _ in parts) or (len(parts) == 1 and not spec.count(":")):
+        return None
+    out = []
+    for p, w in parts:
+        try:
+            weight = float(w)
+        except ValueError:
+            weight = float("nan")
+        if not (weight > 0 and weight != float("inf")):
+            raise ConfigError(f"{key}={spec!r}: the weight {w!r} of {p!r} is not a positive number")
+        out.append((p, weight))
+    tokenizers = {}
+    for p, _ in out:
+        m = read_meta(p)
+        tok_file = os.path.join(p, "tokenizer.json")
+        digest = hashlib.sha256(Path(tok_file).read_bytes()).hexdigest()[:12] if os.path.isfile(tok_file) else ""
+        tokenizers[p] = (m["tokenizer"], m["vocab_size"], digest)
+    first = out[0][0]
+    other = next((p for p, _ in out if tokenizers[p] != tokenizers[first]), None)
+    if other is not None:
+        (ka, va, _), (kb, vb, _) = tokenizers[first], tokenizers[other]
+        raise ConfigError(f"{key}={spec!r}: {first!r} and {other!r} were prepared with different tokenizers "
+                          f"({ka}/{va} and {kb}/{vb}); a mixture needs one tokenizer")
+    return out
 
 
 def _clear_prepared(d: str) -> None:
@@ -348,6 +388,8 @@ def _clear_prepared(d: str) -> None:
 def resolve_data(data: str, tokenizer: str, workdir: str, seq_len: int = 0, model_vocab: int | None = None) -> str:
     """`data=` -> prepared dir. Raw text (files, folders, the built-in corpus) is prepared into
     `workdir`/data (streamed, one process), checked (length, vocab) before training starts."""
+    if parse_mixture(data) is not None:
+        return data  # several prepared dirs, read in place
     if (found := _prepared_for(data, tokenizer, workdir)) is not None:
         return found
     target = os.path.join(workdir, "data")
@@ -418,9 +460,17 @@ class Dataset:
     val: np.ndarray
     vocab_size: int
     path: str
+    mixture: tuple = ()  # ((weight, train, val), ...) of a `data=a:0.7,b:0.3` mixture
 
     @staticmethod
     def open(path: str, model_vocab: int, seq_len: int) -> Dataset:
+        if (mix := parse_mixture(path)) is not None:
+            parts = [Dataset.open(p, model_vocab, seq_len) for p, _ in mix]
+            from gpt2common.shards import ShardedTokens
+
+            total = sum(w for _, w in mix)
+            return Dataset(ShardedTokens([d.train for d in parts]), ShardedTokens([d.val for d in parts]),
+                           parts[0].vocab_size, path, tuple((w / total, d.train, d.val) for (_, w), d in zip(mix, parts)))
         meta = read_meta(path, model_vocab)
         train, val = load_split(path, "train", meta), load_split(path, "val", meta)
         for name, split, arr in (("train.bin", "train", train), ("val.bin", "val", val)):
@@ -452,13 +502,34 @@ def get_batch(tokens: np.ndarray, offsets: np.ndarray, seq_len: int) -> tuple[np
     return win[:, :-1], win[:, 1:]
 
 
+def mixture_batch(sources, seq_len: int, batch_size: int, seed: int, step: int):
+    """A batch whose rows come from the sources [(weight, tokens)] in proportion to the weights:
+    each row's source and start drawn from (seed, step) alone, so it is as reproducible as one
+    source's (resume, and torchref's identical rows)."""
+    rng = np.random.default_rng([seed, step, len(sources)])
+    src = rng.choice(len(sources), size=batch_size, p=[w for w, _ in sources])
+    draw = rng.integers(0, 1 << 62, size=batch_size, dtype=np.int64)
+    xs = np.empty((batch_size, seq_len), np.int32)
+    ys = np.empty((batch_size, seq_len), np.int32)
+    for k, (_, tokens) in enumerate(sources):
+        rows = np.flatnonzero(src == k)
+        if len(rows):
+            off = draw[rows] % max(len(tokens) - seq_len - 1, 1)
+            xs[rows], ys[rows] = get_batch(tokens, off, seq_len)
+    return xs, ys
+
+
 def train_batch(ds: Dataset, seq_len: int, batch_size: int, seed: int, step: int):
     """The global batch of optimizer step `step` (0-based)."""
+    if ds.mixture:
+        return mixture_batch([(w, t) for w, t, _ in ds.mixture], seq_len, batch_size, seed, step)
     return get_batch(ds.train, batch_offsets(len(ds.train), seq_len, batch_size, seed, step), seq_len)
 
 
 def val_batch(ds: Dataset, seq_len: int, batch_size: int, seed: int, index: int):
     """Validation batches are fixed for a run (seed offset keeps them apart from train draws)."""
+    if ds.mixture:
+        return mixture_batch([(w, v) for w, _, v in ds.mixture], seq_len, batch_size, seed + 1_000_003, index)
     return get_batch(ds.val, batch_offsets(len(ds.val), seq_len, batch_size, seed + 1_000_003, index), seq_len)
 
 

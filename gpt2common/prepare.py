@@ -35,7 +35,7 @@ import numpy as np
 
 from gpt2common.grammar import ConfigError
 from gpt2common.segment import SEG_CHARS, segments
-from gpt2common.writes import write_atomic
+from gpt2common.writes import WriteFailed, refused_write, write_atomic
 
 EOT = "<|endoftext|>"
 SEPARATOR = "\n\n"            # between documents when the tokenizer has no end-of-text id
@@ -133,9 +133,10 @@ class _Shards:
         self.f = None
 
     def _open(self):
-        name = shard_name(self.split, len(self.done))
-        self.path = self.out / (name + ".tmp")
-        self.f = open(self.path, "wb")
+        self.name = self.out / shard_name(self.split, len(self.done))  # what a refused write names
+        self.path = self.out / (self.name.name + ".tmp")
+        with refused_write(self.name):
+            self.f = open(self.path, "wb")
         self.tokens, self.max_id, self.sha = 0, 0, hashlib.sha256()
 
     def write(self, ids: np.ndarray) -> None:
@@ -143,7 +144,8 @@ class _Shards:
             self._open()
         if len(ids):
             b = ids.astype(self.dtype).tobytes()
-            self.f.write(b)
+            with refused_write(self.name):  # a full disk is one line naming the shard, not a traceback
+                self.f.write(b)
             self.sha.update(b)
             self.tokens += len(ids)
             self.max_id = max(self.max_id, int(ids.max()))
@@ -151,12 +153,13 @@ class _Shards:
     def close(self) -> None:
         if self.f is None:
             return
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
-        self.f = None
-        name = shard_name(self.split, len(self.done))
-        os.replace(self.path, self.out / name)
+        with refused_write(self.name):
+            self.f.flush()
+            os.fsync(self.f.fileno())
+            self.f.close()
+            self.f = None
+            os.replace(self.path, self.name)
+        name = self.name.name
         self.done.append({"file": name, "tokens": self.tokens, "max_id": self.max_id, "sha256": self.sha.hexdigest()})
 
     def take_tail(self, n: int) -> np.ndarray:
@@ -329,6 +332,13 @@ def run(docs_fn, out: str, tok, st: Settings, workers: int = 1, single: bool = F
                 s._open()
         train.close()
         val.close()
+    except WriteFailed:
+        for s in (train, val):  # no half-written shard stays behind
+            if s.f is not None:
+                s.f.close()
+                s.f = None
+                s.path.unlink(missing_ok=True)
+        raise
     finally:
         bar.stop()
         for s in (train, val):

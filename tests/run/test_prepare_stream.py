@@ -256,3 +256,35 @@ def test_a_fine_tune_tokenizes_with_the_tokenizer_its_init_dir_ships(corpus, tmp
     assert resolve_train({"init": str(bare), "out": str(tmp_path / "r3")}, None, writer=False).tokenizer == "byte"
     assert capsys.readouterr().err == (f"warning: init={str(bare)!r} ships no tokenizer (tokenizer.json, or vocab.json"
                                        " + merges.txt): data='tinyshakespeare' is tokenized with tokenizer=byte\n")
+
+
+def test_a_mixture_draws_rows_in_its_weights_from_seed_and_step(tmp_path):
+    """data=a:3,b:1: rows come from a about 3/4 of the time; each batch is a pure function of
+    (seed, step); the refusals are one line each."""
+    for name, byte in (("a", b"a"), ("b", b"b")):
+        (tmp_path / f"{name}.txt").write_bytes(byte * 5000)
+        data.prepare_input(str(tmp_path / f"{name}.txt"), tmp_path / name, quiet=True)
+    spec = f"{tmp_path / 'a'}:3,{tmp_path / 'b'}:1"
+    assert data.resolve_data(spec, "byte", str(tmp_path / "run")) == spec  # read in place
+    ds = data.Dataset.open(spec, 256, 8)
+    rows = np.concatenate([data.train_batch(ds, 8, 64, seed=0, step=s)[0][:, 0] for s in range(50)])
+    share = float(np.mean(rows == ord("a")))
+    assert set(rows.tolist()) == {ord("a"), ord("b")} and abs(share - 0.75) < 0.05  # 3200 rows: sd 0.008
+    x1, y1 = data.train_batch(ds, 8, 16, seed=4, step=9)
+    x2, y2 = data.train_batch(data.Dataset.open(spec, 256, 8), 8, 16, seed=4, step=9)
+    assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
+    assert not np.array_equal(x1, data.train_batch(ds, 8, 16, seed=5, step=9)[0])
+    assert np.array_equal(data.val_batch(ds, 8, 16, 0, 0)[0][:, 1:], data.val_batch(ds, 8, 16, 0, 0)[1][:, :-1])
+    for w in ("0", "-1", "x", "inf"):
+        zero = f"{tmp_path / 'a'}:{w},{tmp_path / 'b'}:1"
+        with pytest.raises(ConfigError) as e:
+            data.Dataset.open(zero, 256, 8)
+        assert str(e.value) == f"data={zero!r}: the weight {w!r} of {str(tmp_path / 'a')!r} is not a positive number"
+    (tmp_path / "c.txt").write_text("some text " * 500)
+    data.prepare_input(str(tmp_path / "c.txt"), tmp_path / "c", "bpe", quiet=True)
+    bad = f"{tmp_path / 'a'}:1,{tmp_path / 'c'}:1"
+    with pytest.raises(ConfigError) as e:
+        data.resolve_data(bad, "byte", str(tmp_path / "run"))
+    vocab = data.read_meta(str(tmp_path / "c"))["vocab_size"]
+    assert str(e.value) == (f"data={bad!r}: {str(tmp_path / 'a')!r} and {str(tmp_path / 'c')!r} were prepared with "
+                            f"different tokenizers (byte/256 and bpe/{vocab}); a mixture needs one tokenizer")
