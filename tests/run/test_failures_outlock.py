@@ -195,3 +195,77 @@ def test_a_filesystem_without_locks_warns_and_goes_on(tmp_path, monkeypatch, cap
     assert (out / LOCK_FILE).read_text() == f"{os.getpid()}\n"
     lock.release()
     assert not out.exists()  # created by hold, left empty: removed
+
+
+def test_a_release_between_a_starters_open_and_flock_never_gives_two_holders(tmp_path, monkeypatch):
+    """The race forced in one process: B opens `.lock` (the holder A's file), and before B's flock
+    A releases (unlinks the file, unlocks) and C takes the out (a new `.lock`, locked). B's flock
+    then succeeds on A's unlinked file: B must see that the path is another inode now, take the
+    path's file and be refused by C's lock. Comparing anything but the inode (st_dev is the same
+    for every file of the dir) would let B write beside C."""
+    import fcntl
+
+    out = str(tmp_path / "run")
+    a = hold(out)
+    real = fcntl.flock
+    taken = {}
+
+    def flock(fd, op):
+        if not taken and op & fcntl.LOCK_EX:  # B's first flock, on A's file: A goes, C comes first
+            taken["a_file"] = os.fstat(fd).st_ino
+            a.release()
+            monkeypatch.setattr(fcntl, "flock", real)
+            taken["c"] = hold(out)
+            monkeypatch.setattr(fcntl, "flock", flock)
+        return real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    try:
+        with pytest.raises(ConfigError) as e:
+            hold(out)  # B
+        assert str(e.value) == refusal(out, os.getpid())[len("error: "):]
+        c = taken["c"]
+        assert os.fstat(c.fd).st_ino == os.stat(os.path.join(out, LOCK_FILE)).st_ino != taken["a_file"]
+        assert open(os.path.join(out, LOCK_FILE)).read() == f"{os.getpid()}\n"  # C's pid, unchanged by B
+    finally:
+        monkeypatch.setattr(fcntl, "flock", real)
+        if "c" in taken:
+            taken["c"].release()
+    # A's release removed the out it had created (empty then), C made it again and removed it on release
+    assert not os.path.exists(out)
+
+
+def test_a_release_between_a_starters_open_and_flock_leaves_the_starter_holding_the_path(tmp_path, monkeypatch):
+    """The same race with no third run: B's flock succeeds on A's unlinked file, B finds no file at
+    the path, takes a new one and holds it: the lock file at the path is B's (locked, B's pid), so
+    the next starter is refused rather than holding out beside B (B holding the unlinked file would
+    leave the path free)."""
+    import fcntl
+
+    out = str(tmp_path / "run")
+    os.makedirs(out)
+    a = hold(out)
+    real = fcntl.flock
+    seen = []
+
+    def flock(fd, op):
+        if not seen and op & fcntl.LOCK_EX:
+            seen.append(os.fstat(fd).st_ino)
+            a.release()
+        return real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    b = hold(out)
+    monkeypatch.setattr(fcntl, "flock", real)
+    try:
+        path = os.path.join(out, LOCK_FILE)
+        # (A's inode number may be reused once B closed it: only the path's match is asserted)
+        assert seen and os.fstat(b.fd).st_ino == os.stat(path).st_ino
+        assert open(path).read() == f"{os.getpid()}\n"
+        with pytest.raises(ConfigError) as e:
+            third = hold(out)  # (check_free would pass: it skips this process's own pid)
+            third.release()
+        assert str(e.value) == refusal(out, os.getpid())[len("error: "):]
+    finally:
+        b.release()
+    assert os.listdir(out) == []
