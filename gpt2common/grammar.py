@@ -131,6 +131,13 @@ def _unique_keys_loader(path: str):
     return Loader
 
 
+def given_twice(key: str, first: str, second: str) -> ConfigError:
+    """The one refusal of an option given twice, everywhere (a config key excepted: it takes its last
+    value): `--config`, a command's inputs and outputs, bisect's a=/b= and a side's hf=, plan's own
+    keys, launch's keys. Silently taking the last would drop the first."""
+    return ConfigError(f"{key}= given twice ({first!r} and {second!r}); it takes one value")
+
+
 def parse_kv(args: list[str], once=()) -> dict[str, str]:
     """['a.b=1', 'c=x'] -> {'a.b': '1', 'c': 'x'}.
 
@@ -144,7 +151,7 @@ def parse_kv(args: list[str], once=()) -> dict[str, str]:
         if not sep or not key:
             raise ConfigError(f"argument {a!r} is not key=value")
         if key in out and (once is True or key in once):
-            raise ConfigError(f"{key}= given twice ({out[key]!r} and {val!r}); it takes one value")
+            raise given_twice(key, out[key], val)
         out[key] = val
     return out
 

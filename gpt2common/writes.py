@@ -25,8 +25,9 @@ import secrets
 import stat
 import sys
 
-WRITE_FAILED_EXIT = 4
+WRITE_FAILED_EXIT = 4  # also out of memory (memory_line): the machine refused a resource
 # Failures of the storage, not of the run: the fix is outside jaxpar (free space, raise a limit).
+# Said "cannot write"; any other errno of a write is "cannot use" (write_errno takes every one).
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
 _TS_ERRNO = re.compile(r"os_error_code='?(\d+)")
 
@@ -36,15 +37,17 @@ class WriteFailed(Exception):
 
 
 def write_errno(e: BaseException) -> int | None:
-    """The storage errno behind `e` (an OSError in its cause/context chain, or tensorstore's
-    `os_error_code` in a message), None when `e` is not such a failure."""
+    """The errno behind a failed write `e` (an OSError in its cause/context chain, tensorstore's
+    `os_error_code` in a message, ENOMEM for a MemoryError), None when `e` holds none. Any errno:
+    besides WRITE_ERRNOS, a permission taken away mid-run (EACCES on a rename), a descriptor limit
+    (EMFILE), an allocation refused inside the write (ENOMEM) are the storage's refusals too."""
     seen: set[int] = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        code = e.errno if isinstance(e, OSError) else None
+        code = e.errno if isinstance(e, OSError) else errno.ENOMEM if isinstance(e, MemoryError) else None
         if code is None and (m := _TS_ERRNO.search(str(e))):
             code = int(m.group(1))
-        if code in WRITE_ERRNOS:
+        if code:
             return code
         e = e.__cause__ or e.__context__
     return None
@@ -54,14 +57,38 @@ def describe(code: int) -> str:
     return f"{os.strerror(code)} (errno {code})"
 
 
+def remedy(line: str) -> str:
+    """What the user does about the failure `line` says: free space for a full disk, a quota or a
+    file-size limit (WRITE_ERRNOS); otherwise the storage's permissions and limits."""
+    if any(f"(errno {c})" in line for c in WRITE_ERRNOS):
+        return "free space"
+    return "fix the storage (permissions, open-file or memory limits)"
+
+
 def failure_line(e: BaseException) -> str | None:
     """The one-line message for a storage failure (a WriteFailed, or an OSError `write_errno`
     recognises, from a write made outside write_atomic), None for anything else. Both CLIs use it."""
     if isinstance(e, WriteFailed):
         return str(e)
     if isinstance(e, OSError) and (code := write_errno(e)) is not None:
-        return f"cannot write {e.filename or 'a file'}: {describe(code)}"
-    return None
+        return f"cannot {'write' if code in WRITE_ERRNOS else 'use'} {e.filename or 'a file'}: {describe(code)}"
+    return memory_line(e)
+
+
+_XLA_OOM = re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory")
+
+
+def memory_line(e: BaseException) -> str | None:
+    """The one-line message for memory the machine refused (a host MemoryError, XLA's
+    RESOURCE_EXHAUSTED), None for anything else: settings that pass validation may still not fit."""
+    if isinstance(e, MemoryError):
+        what = str(e) or "a host allocation failed"
+    elif type(e).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and _XLA_OOM.search(str(e)):
+        what = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "RESOURCE_EXHAUSTED")[:300]
+    else:
+        return None
+    return (f"out of memory ({what}); lower train.batch_size (or raise train.grad_accum), the model size or "
+            "the sequence length, or add devices")
 
 
 def temp_name(path: str) -> str:
@@ -70,17 +97,26 @@ def temp_name(path: str) -> str:
     return f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
 
 
-def open_new(path, text: bool = True, append: bool = False):
-    """A file object for a file the run writes, opened without following a symlink (O_NOFOLLOW:
-    ELOOP) and never truncating a foreign file: a new file (O_EXCL) unless `append`, where an
-    existing file must be a regular file of one name (a hard link would append to a foreign one)."""
+def open_fd(path, append: bool = False) -> int:
+    """The fd of a file the run writes, opened without following a symlink (O_NOFOLLOW: ELOOP)
+    and never truncating a foreign file: unless `append`, an existing name (a link or a run's own
+    old file) is unlinked and a new file created (O_EXCL); appended to, it must be a regular file
+    of one name (a hard link would append to a foreign file)."""
+    if not append:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # the name only: a link's target is untouched
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_EXCL)
     fd = os.open(path, flags, 0o666)  # the umask applies, as for open()
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
         os.close(fd)
         raise OSError(errno.EEXIST, "not a regular file of one name (a run never writes a foreign file)", path)
-    return os.fdopen(fd, ("a" if append else "w") + ("" if text else "b"))
+    return fd
+
+
+def open_new(path, text: bool = True, append: bool = False):
+    """`open_fd` as a file object (text or binary)."""
+    return os.fdopen(open_fd(path, append), ("a" if append else "w") + ("" if text else "b"))
 
 
 def write_atomic(path, data: str | bytes) -> None:

@@ -2,8 +2,9 @@
 
 Exit codes: 0 success; 2 invalid configuration or input (one line `error: ...` on
 stderr, no traceback); 3 a rank lost its peers (jaxpar.run.launch); 4 a write the storage
-refused, disk full or a quota (one `error:` line, gpt2common/writes.py); anything else is an
-internal fault. JAX is imported only after
+refused (disk full, a quota, a permission or descriptor limit: any errno) or memory the
+machine refused (host or device out of memory), one `error:` line, gpt2common/writes.py; 130
+interrupted (Ctrl-C); anything else is an internal fault. JAX is imported only after
 the arguments are parsed, so emulated CPU devices can be requested first.
 """
 
@@ -41,6 +42,40 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The CLI (see the module docstring). In a process of a multi-process job, a failure ends
+    the process at once (os._exit, its traceback or error line already written): a normal exit
+    runs JAX's shutdown barrier, which waits for peers that wait on this process in turn, so a
+    rank that failed at start (a CPU backend set-up refused by `ulimit -n`) printed its
+    traceback and never exited, and its peers and the launcher waited forever."""
+    try:
+        code = _main(argv)
+    except BaseException as e:
+        if not _in_job():
+            raise
+        if isinstance(e, SystemExit):
+            code = e.code if isinstance(e.code, int) else 1
+        else:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+    if code and _in_job():
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    return code
+
+
+def _in_job() -> bool:
+    from jaxpar.parallel.mesh import detect_cluster
+
+    return detect_cluster() is not None
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not isinstance(sys.stdout, _ClosedStdoutIgnored):  # help too: `jaxpar --help | true`
         sys.stdout = _ClosedStdoutIgnored(sys.stdout)
@@ -75,10 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         _error_line(str(e))
         return 2
-    except (WriteFailed, OSError) as e:  # disk full / quota / file-size limit: gpt2common/writes.py
+    except (WriteFailed, OSError, MemoryError) as e:  # any storage errno, out of memory: gpt2common/writes.py
         if (msg := writes.failure_line(e)) is None:
             raise
         writes.silence_orphaned_writes()
+        _error_line(msg)
+        return writes.WRITE_FAILED_EXIT
+    except Exception as e:  # XLA's RESOURCE_EXHAUSTED: settings that pass validation may still not fit
+        if (msg := writes.memory_line(e)) is None:
+            raise
         _error_line(msg)
         return writes.WRITE_FAILED_EXIT
     except KeyboardInterrupt:

@@ -358,16 +358,17 @@ def settings_of(cfg: Config) -> Config:
 
 def split_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:
     """Pull `--config FILE` / `--config=FILE` out of argv."""
+    from gpt2common.grammar import given_twice
+
     out, path, it = [], None, iter(argv)
     for a in it:
-        if a == "--config":
-            path = next(it, None)
-            if path is None:
+        if a == "--config" or a.startswith("--config="):
+            given = next(it, None) if a == "--config" else a.split("=", 1)[1]
+            if not given:  # `--config=` (an unset shell variable): not a run on the defaults
                 raise ConfigError("--config needs a file path")
-        elif a.startswith("--config="):
-            path = a.split("=", 1)[1]
-            if not path:  # `--config=` (an unset shell variable): not a run on the defaults
-                raise ConfigError("--config needs a file path")
+            if path is not None:  # the first file would be dropped
+                raise given_twice("--config", path, given)
+            path = given
         else:
             out.append(a)
     return path, out

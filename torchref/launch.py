@@ -33,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpt2common.grammar import ConfigError
+from gpt2common.writes import open_fd, open_new, write_atomic
 from torchref.config import RefConfig, WorkerDied, ref_to_dict
 from torchref.run_config import RunConfig, run_to_dict
 
@@ -124,8 +125,8 @@ def prepare(cfg: RunConfig, ref: RefConfig):
     init_dir = str(out / "init")
     save_weights(init_dir, hf_config_dict(cfg.model), weights if manifest is not None else initial_state_dict(cfg))
     job = Job(cfg, ref, os.path.abspath(data_dir), os.path.abspath(init_dir), os.path.abspath(out), free_port())
-    (out / "job.json").write_text(job.to_json())
-    (out / "config.json").write_text(json.dumps({**run_to_dict(cfg), "torchref": ref_to_dict(ref)}, indent=2))
+    write_atomic(out / "job.json", job.to_json())  # never through a link
+    write_atomic(out / "config.json", json.dumps({**run_to_dict(cfg), "torchref": ref_to_dict(ref)}, indent=2))
     return job
 
 
@@ -148,7 +149,7 @@ def _child(job, rank: int, world: int) -> None:
     import traceback
 
     log = os.path.join(job.out, "logs", f"rank{rank}.log")
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = open_fd(log)  # a new file: never through a link
     os.dup2(fd, 2)
     if rank != 0:
         os.dup2(fd, 1)
@@ -204,7 +205,7 @@ def run_forked(job, world: int) -> None:
 
 def run_mpi(job, world: int) -> None:
     mpiexec = check_mpi()
-    log = open(os.path.join(job.out, "logs", "mpiexec.log"), "w")  # noqa: SIM115 - closed in finally
+    log = open_new(os.path.join(job.out, "logs", "mpiexec.log"))  # noqa: SIM115 - closed in finally
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [mpiexec, "-n", str(world), sys.executable, "-m", "torchref.worker", os.path.join(job.out, "job.json")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=env, text=True, start_new_session=True)
@@ -282,5 +283,5 @@ def summarize(job, world: int, wall_s: float) -> dict:
     s = {"strategy": job.ref.strategy, "workers": job.ref.workers, "processes": world, "wall_s": wall_s,
          "steps": len(rows), "final_loss": rows[-1]["loss"] if rows else None, "params": n_params,
          "param_bytes": 4 * n_params, "procs": procs, "out": job.out}
-    (out / "summary.json").write_text(json.dumps(s, indent=2))
+    write_atomic(out / "summary.json", json.dumps(s, indent=2))
     return s

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpt2common.writes import refused_write, write_atomic
+from gpt2common.writes import open_new, refused_write, write_atomic
 from torchref.config import RefConfig, ref_from_dict, ref_to_dict
 from torchref.run_config import RunConfig, run_from_dict, run_to_dict
 
@@ -167,7 +167,7 @@ class Metrics:
     def __init__(self, ctx: Context, **static):
         self.ctx, self.static = ctx, static
         self.path = os.path.join(ctx.job.out, "metrics.jsonl")
-        self.f = open(self.path, "a")  # noqa: SIM115 - closed by close()
+        self.f = open_new(self.path, append=True)  # never through a link; closed by close()
         self.tokens = ctx.t.batch_size * ctx.t.seq_len
 
     def log(self, step: int, loss: float, step_time: float, **fields) -> None:

@@ -10,6 +10,8 @@ import os
 import sys
 import traceback
 
+from gpt2common.writes import open_fd
+
 
 def run_process(job, rank: int, world: int) -> None:
     from torchref import strategies
@@ -32,7 +34,7 @@ def main() -> None:
         log = os.path.join(job.out, "logs", f"rank{rank}.log")
         os.makedirs(os.path.dirname(log), exist_ok=True)
         # Only rank 0 talks on stdout (progress lines); everyone's stderr goes to its log.
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_fd(log)  # a new file: never through a link
         os.dup2(fd, 2)
         if rank != 0:
             os.dup2(fd, 1)

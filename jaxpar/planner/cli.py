@@ -75,7 +75,7 @@ def parse_args(argv: list[str]) -> dict:
     for fl in flags:
         if fl not in ("--json",):
             raise ConfigError(f"unknown flag {fl!r} (valid: --json)")
-    kv = parse_kv([a for a in argv if not a.startswith("--")])
+    kv = parse_kv([a for a in argv if not a.startswith("--")], once=PLAN_KEYS)  # out= twice: refused
     cfg_items, dev_over, opts = {}, {}, {}
     for k, v in kv.items():
         if k in CONFIG_KEYS or k in FIXED_KEYS or k.startswith("model."):

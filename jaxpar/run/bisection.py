@@ -39,6 +39,7 @@ from jaxpar.config import ConfigError
 BASE = C.Config(precision="fp32", train=dataclasses.replace(C.TrainConfig(), batch_size=8, seq_len=32,
                                                             warmup_steps=0))
 TORCH_KEYS = ("model", "model.", "seed", "train.")  # what a torchref / hf side may set
+SIDE_KEYS = ("hf", "strategy")  # a side's own keys, not config keys: given once
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Side:
 
 def split_args(argv: list[str]) -> tuple[str, str]:
     """`A B` (two quoted descriptions) or `a=A b=B` -> (A, B)."""
-    keyed = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in argv if a.startswith(("a=", "b="))}
+    keyed = parse_kv([a for a in argv if a.startswith(("a=", "b="))], once=True)  # a= twice: refused
     rest = [a for a in argv if not a.startswith(("a=", "b="))]
     if keyed and rest or len(keyed) + len(rest) != 2 or (keyed and set(keyed) != {"a", "b"}):
         shown = " ".join(shlex.quote(a) for a in argv) or "nothing"
@@ -73,9 +74,15 @@ def _words(label: str, text: str) -> tuple[str, dict[str, Any]]:
     else:
         raise ConfigError(f"{label}={text!r}: a run description starts with jaxpar, torchref or hf=DIR")
     try:
-        return kind, parse_kv(rest)
+        kv = parse_kv(rest, once=SIDE_KEYS)  # config keys: the last value, as in train
     except ConfigError as e:
         raise ConfigError(f"{label}={text!r}: {e}") from None
+    # Both sides start from one set of weights (see the docstring): a jaxpar side's own start
+    # would be dropped without a word, and both sides reported clean from the seed's init.
+    if kind == "jaxpar" and (k := next((k for k in ("init", "init_state") if kv.get(k)), None)):
+        raise ConfigError(f"{label}={text!r}: {k}= is not taken by bisect: both sides start from one set of "
+                          "weights, the seed's init or an hf=DIR side's")
+    return kind, kv
 
 
 def _resolve(label: str, text: str, kv: dict, base: C.Config) -> C.Config:

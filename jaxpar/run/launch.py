@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from gpt2common.grammar import parse_kv
+from gpt2common.grammar import given_twice, parse_kv
 from jaxpar.config import ConfigError
 
 KEYS = {"nprocs", "port", "grace"}
@@ -54,11 +54,16 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
         raise ConfigError("launch needs `--` before the command, e.g. jaxpar launch nprocs=2 -- train ...")
     i = argv.index("--")
     opts, cmd = argv[:i], argv[i + 1:]
-    kv = {}
+    raw: dict[str, str] = {}
     for a in opts:
         k, sep, v = a.partition("=")
         if not sep or k not in KEYS:
             raise ConfigError(f"launch: unknown argument {a!r} (valid: nprocs=N, port=P, grace=SECONDS)")
+        if k in raw:  # nprocs= twice: the first would be dropped
+            raise ConfigError(f"launch: {given_twice(k, raw[k], v)}")
+        raw[k] = v
+    kv = {}
+    for k, v in raw.items():
         try:
             kv[k] = int(v)
         except ValueError:

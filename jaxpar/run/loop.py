@@ -21,7 +21,7 @@ import numpy as np
 from gpt2common import data as data_lib
 from gpt2common import hf
 from gpt2common.outdir import hold
-from gpt2common.writes import WriteFailed, write_atomic
+from gpt2common.writes import WriteFailed, remedy, write_atomic
 from jaxpar.config import Config, ConfigError, dumps, settings_of, validate
 from jaxpar.models import gpt2
 from jaxpar.parallel.layout import ParallelLayout
@@ -412,9 +412,10 @@ def _train(cfg, trainer, ckpt, ds, initial, resume_step, restart, stop, is_main)
     except WriteFailed as e:
         logger.close()
         last = ckpt.latest_step()
-        raise WriteFailed(f"{e}; " + (f"the last complete checkpoint is step {last}: free space, then continue "
+        fix = remedy(str(e))
+        raise WriteFailed(f"{e}; " + (f"the last complete checkpoint is step {last}: {fix}, then continue "
                                       "with resume=true" if last is not None else
-                                      "no checkpoint is complete: free space, then run again")) from None
+                                      f"no checkpoint is complete: {fix}, then run again")) from None
     if stopped is not None:
         logger.message(f"stopped by {stopped} after step {done}; checkpoint saved to "
                        f"{os.path.join(cfg.out, 'ckpt', str(done))}; continue with resume=true")

@@ -20,7 +20,7 @@ import statistics
 import sys
 import uuid
 
-from gpt2common.writes import WriteFailed, refused_write, write_atomic
+from gpt2common.writes import WriteFailed, open_new, refused_write, write_atomic
 
 METRICS_FILE = "metrics.jsonl"
 WANDB_ID_FILE = "wandb_id"
@@ -117,7 +117,7 @@ class MetricsLogger:
         self.bar = None
         if not enabled:
             return
-        self.file = open(self.path, "a")
+        self.file = open_new(self.path, append=True)  # never through a link
         try:
             SummaryWriter = _import_summary_writer()
             # purge_step: TensorBoard drops the earlier files' events from the first replayed step on.

