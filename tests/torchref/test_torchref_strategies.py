@@ -285,17 +285,39 @@ def test_dying_mpi_rank_cli_exits_2_one_line(runner, tmp_path):
     assert time.monotonic() - t0 < 240
 
 
+def _from_hf_dir(runner) -> "Run":
+    """A single run from the first one's final HF weights, on another batch order (seed=5), writing
+    its training state every 4 steps: 4 does not divide train.steps=10, so the state after the
+    last step is written by the "and after the last" rule alone."""
+    return runner("strategy=single", f"init={runner('strategy=single').out}/hf", "seed=5", "state_every=4")
+
+
 def test_init_from_hf_dir_starts_from_those_weights(runner):
     from safetensors.numpy import load_file
 
     first = runner("strategy=single")
-    resumed = runner("strategy=single", f"init={first.out}/hf", "seed=5")
+    resumed = _from_hf_dir(runner)
     a = load_file(os.path.join(first.out, "hf", "model.safetensors"))
     b = load_file(os.path.join(resumed.out, "init", "model.safetensors"))
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     # Trained weights on a fresh batch order (seed=5) start well below the untrained 5.5.
     assert resumed.losses[0] < first.losses[0] - 0.5
 
+
+def test_state_every_not_dividing_the_steps_still_writes_the_last_state(runner):
+    """state_every=4 with train.steps=10: states after steps 4, 8 and the last, 10 (nothing
+    else); the last is the run's final weights (hf/) with AdamW and schedule counts 10."""
+    from gpt2common import state as fmt
+
+    run = _from_hf_dir(runner)
+    assert sorted(os.listdir(run.out / "state"), key=int) == ["4", "8", "10"]
+    last = fmt.load_state(str(run.out / "state" / "10"), "init_state")
+    opt = last.manifest["optimizer"]
+    assert (last.step, opt["adam_count"], opt["schedule_count"]) == (10, 10, 10)
+    from safetensors.numpy import load_file
+
+    final = load_file(os.path.join(run.out, "hf", "model.safetensors"))
+    assert all(np.array_equal(last.params[k], final[k]) for k in final) and len(final) == len(last.params)
 
 def greedy_buckets(sizes: list[int], cap: int) -> list[int]:
     """DDP's documented bucketing, by hand: parameters in reverse registration order, a bucket
