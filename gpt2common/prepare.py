@@ -183,7 +183,8 @@ class _Progress:
     """Plain lines every `every` seconds on a pipe; a rich progress bar on a terminal."""
 
     def __init__(self, total_bytes: int, quiet: bool):
-        self.t0, self.last, self.total, self.quiet = time.time(), 0.0, total_bytes, quiet
+        self.t0, self.total, self.quiet = time.time(), total_bytes, quiet
+        self.last = self.t0  # the first plain line after 10 s: a short prepare prints only its summary
         self.bar = None
         if not quiet and sys.stderr.isatty():
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -281,9 +282,6 @@ def run(docs_fn, out: str, tok, st: Settings, workers: int = 1, single: bool = F
     if single:
         n = _count_tokens(docs_fn(), hf, st, workers, init_args) if hf is not None else total_bytes
         n_train_total = n - max(int(n * TAIL_FRACTION), 1)
-        if not quiet:
-            sys.stderr.write(f"prepare: one document: validation is its last {TAIL_FRACTION:.0%} of tokens "
-                             f"({n - n_train_total:,} of {n:,})\n")
     train = _Shards(outp, "train", dtype, state["train"])
     val = _Shards(outp, "val", dtype, state["val"])
     stats = {"docs": state["docs_done"], "bytes": 0}
@@ -358,6 +356,9 @@ def run(docs_fn, out: str, tok, st: Settings, workers: int = 1, single: bool = F
     prog_path.unlink(missing_ok=True)
     secs = time.time() - t0
     if not quiet:
+        if single:
+            sys.stderr.write(f"prepare: one document: validation is its last {TAIL_FRACTION:.0%} of tokens "
+                             f"({n_va:,} of {n_tr + n_va:,})\n")
         sys.stderr.write(f"prepared: {n_tr + n_va:,} tokens ({n_tr:,} train, {n_va:,} val), {docs:,} documents, "
                          f"{len(train.done) + len(val.done)} shards, {secs:.1f} s, "
                          f"{total_bytes / 1e6 / max(secs, 1e-9):.1f} MB/s\n")

@@ -41,8 +41,9 @@ def test_a_fifo_or_device_is_named_for_what_it_is(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     with pytest.raises(ConfigError) as e:
-        data.read_input(str(fifo))
+        data.prepare_input(str(fifo), tmp_path / "p")
     assert str(e.value) == f"input={str(fifo)!r} is not a regular file or folder"
+    assert not (tmp_path / "p").exists()
     with pytest.raises(ConfigError) as e:
         data.load_tokens("/dev/null")
     assert str(e.value) == "data file '/dev/null' is not a regular file"
