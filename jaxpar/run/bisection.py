@@ -23,6 +23,7 @@ and without remat or chunking: those knobs show in the loss, gradients and updat
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -138,6 +139,46 @@ def resolve_sides(a_text: str, b_text: str) -> tuple[Side, Side, dict]:
     return a, b, params
 
 
+# Copies of every captured intermediate a bisect holds at its peak: per side the device's (the
+# capture's outputs, the gradient's own residuals) and the host's (device_get), then the table's
+# float64 differences of both sides (2 x 2): 8 in all, the torch side's within the same count.
+COPIES = 8
+
+
+def bisect_bytes(cfg: C.Config) -> int:
+    """Bytes a bisect of `cfg`'s model and batch needs at its peak (fp32): COPIES x the captured
+    intermediates. Per layer (B, T, D, H = batch, seq_len, n_embd, n_head): ln_1, c_attn (3D),
+    attention scores and weights (B, H, T, T) each, c_proj in/out, resid_mid, ln_2, c_fc and act
+    (4D each), mlp out, the block's out: 16 x B*T*D + 2 x B*H*T*T; plus wte, wpe, drop, ln_f
+    (B, T, D) and the logits (B, T, V)."""
+    mc, B, T = cfg.model, cfg.train.batch_size, cfg.train.seq_len
+    per_layer = 16 * B * T * mc.n_embd + 2 * B * mc.n_head * T * T
+    return COPIES * 4 * (mc.n_layer * per_layer + 4 * B * T * mc.n_embd + B * T * mc.vocab_size)
+
+
+def available_bytes() -> int:
+    """Host memory available now (/proc/meminfo MemAvailable; else physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits(cfg: C.Config) -> None:
+    """Refuse a batch whose bisect cannot fit this host, before anything is allocated: 100,000
+    rows hung at 0% CPU, 20,000 aborted inside XLA (exit 134)."""
+    need, have = bisect_bytes(cfg), available_bytes()
+    if need > have:
+        B, T = cfg.train.batch_size, cfg.train.seq_len
+        raise ConfigError(f"train.batch_size={B} at train.seq_len={T} does not fit a bisect: it keeps every "
+                          f"intermediate of both sides, about {need / 2**30:.1f} GiB, and this host has "
+                          f"{have / 2**30:.1f} GiB available; lower train.batch_size or train.seq_len")
+
+
 def batch(cfg: C.Config) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, targets), (B, T) int32 each: one (B, T+1) draw of default_rng(seed), shifted by one."""
     B, T = cfg.train.batch_size, cfg.train.seq_len
@@ -182,6 +223,7 @@ def main(argv: list[str]) -> int:
     import sys
 
     a, b, params = resolve_sides(*split_args(argv))
+    check_fits(a.cfg)  # both sides share the model and batch (resolve_sides)
     if a.kind == "jaxpar" or b.kind == "jaxpar":
         from jaxpar.parallel import mesh
 
