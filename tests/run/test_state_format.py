@@ -146,3 +146,30 @@ def test_jaxpar_refuses_bad_states_before_any_write(tmp_path):
     r = run(["convert", f"checkpoint={tmp_path}", f"to_state={state}"])
     _one_error(r, f"to_state={state!r} already exists")
     assert snapshot() == before and len(before) == 4
+
+
+def test_a_state_with_skipped_steps_continues_its_own_schedule_count(tmp_path, capsys):
+    """The boundary the clean handoffs never reach: a jaxpar state written after skipped non-finite
+    steps (train.skip_nonfinite=true) is at step 5 with 1 step skipped, so AdamW and the schedule
+    have counted 4 updates. Continued for its last step (6 of 6) in this process, the run must go
+    on from those counts (4 -> 5), not from the step (5 -> 6: another learning rate, lr(5) instead
+    of lr(4) for step 6's update); `convert to_state=` of the result reads them back."""
+    import json
+
+    from jaxpar import cli
+    from jaxpar.config import TrainConfig
+    from jaxpar.train import lr_schedule
+
+    state = S.write_state(tmp_path / "s", step=5, nonfinite_skipped=1,
+                          optimizer={**fmt.manifest_dict(written_by="test", model=S.TINY, train=S.TRAIN, seed=0, step=5,
+                                                         adam_count=4, schedule_count=4, lr_next=0.0,
+                                                         data={})["optimizer"]})
+    out, again = tmp_path / "out", tmp_path / "again"
+    assert cli.main(["train", *KEYS, f"init_state={state}", f"out={out}"]) == 0
+    assert cli.main(["convert", f"checkpoint={out}", f"to_state={again}"]) == 0
+    capsys.readouterr()
+    m = json.loads((again / fmt.MANIFEST).read_text())
+    assert (m["step"], m["nonfinite_skipped"]) == (6, 1)
+    assert (m["optimizer"]["adam_count"], m["optimizer"]["schedule_count"]) == (5, 5)
+    tc = TrainConfig(**{k: getattr(S.TRAIN, k) for k in fmt.TRAIN_KEYS})
+    assert m["optimizer"]["lr_next"] == float(lr_schedule(tc)(5)) != float(lr_schedule(tc)(6))
