@@ -79,7 +79,11 @@ def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not isinstance(sys.stdout, _ClosedStdoutIgnored):  # help too: `jaxpar --help | true`
         sys.stdout = _ClosedStdoutIgnored(sys.stdout)
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if not argv:  # a command is required: usage on stderr, exit 2 (as an unknown command)
+        sys.stderr.write(f"{USAGE.splitlines()[0]}\n")
+        _error_line(f"no command given (choose from {', '.join(COMMANDS)}; jaxpar --help)")
+        return 2
+    if argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0
     if argv[0] == "--version":

@@ -43,11 +43,25 @@ def test_each_command_help_exits_0_and_every_row_has_type_default_meaning(cmd, c
 
 
 def test_top_level_help_lists_every_command(capsys):
-    for argv in ([], ["--help"], ["-h"]):
+    for argv in (["--help"], ["-h"]):
         assert cli.main(argv) == 0
         out = capsys.readouterr().out
         listed = [ln.split()[0] for ln in out.split("commands:\n")[1].split("\n\n")[0].splitlines()]
         assert listed == list(H.COMMANDS) and set(listed) == set(cli.COMMANDS)
+
+
+@pytest.mark.parametrize("tool", ["jaxpar", "torchref"])
+def test_no_command_is_a_usage_error(tool, capsys):
+    """`jaxpar` / `torchref` alone: the usage line and one error line on stderr, exit 2 (it printed the help
+    and exited 0, so a script that lost its command went on as if it had run)."""
+    from torchref import cli as torchref_cli
+    from torchref import help as torchref_help
+
+    main, names = {"jaxpar": (cli.main, cli.COMMANDS), "torchref": (torchref_cli.main, torchref_help.COMMANDS)}[tool]
+    assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"usage: {tool} <command> [--config FILE.yaml] [key=value ...]\n"
+                              f"error: no command given (choose from {', '.join(names)}; {tool} --help)\n")
 
 
 def _parse_shown(text: str) -> str:
@@ -82,7 +96,7 @@ def test_option_keys_are_the_keys_the_commands_parse():
 
 def test_unknown_prepare_key_lists_the_documented_ones(capsys, tmp_path):
     assert cli.main(["prepare", f"out={tmp_path / 'p'}", "bogus=1"]) == 2
-    assert capsys.readouterr().err == "error: unknown key(s) bogus (valid: input, out, tokenizer)\n"
+    assert capsys.readouterr().err == "error: unknown key(s) bogus (valid: input, out, tokenizer, text_key, workers, val_fraction, seed, shard_tokens)\n"
     assert not (tmp_path / "p").exists()
 
 

@@ -7,19 +7,10 @@ on stderr, no traceback); other non-zero for internal faults.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from gpt2common.grammar import one_line
-
-USAGE = """usage: torchref <command> [--config FILE.yaml] [key=value ...]
-       torchref --version
-
-commands:
-  train     strategy=single|single-ps|distributed-ps|horovod|distributed-ps-amp|horovod-amp workers=N
-            + the model/train/data/init/seed/out keys of `jaxpar train`
-            init_state=DIR continues a training state; state_every=N writes <out>/state/<step>/
-  compare   workers=2,4 [same keys]: all six strategies, table (markdown+JSON) + PNG in out=
-"""
 
 
 def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -45,17 +36,33 @@ def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE)
-        return 0
-    if argv[0] == "--version":
+def _print_help(text: str) -> int:
+    """Help, exit 0, also into a pipe whose reader is gone (`torchref train --help | head`): no traceback."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's final flush finds no pipe
+    return 0
+
+
+    if argv[:1] == ["--version"]:
         from gpt2common.versions import version_line
 
         print(version_line("torchref"))
         return 0
     cmd, args = argv[0], argv[1:]
     from gpt2common.grammar import ConfigError
+    from torchref import help as help_text  # the key tables: torchref's dataclasses (no torch)
+
+    if not argv:  # a command is required: usage on stderr, exit 2 (as a bad command)
+        sys.stderr.write(f"{help_text.usage().splitlines()[0]}\nerror: no command given (choose from "
+                         f"{', '.join(help_text.COMMANDS)}; torchref --help)\n")
+        return 2
+    if argv[0] in ("-h", "--help", "help"):
+        return _print_help(help_text.usage())
     from gpt2common.writes import WRITE_FAILED_EXIT, WriteFailed, failure_line
+    if cmd in help_text.COMMANDS and any(a in ("-h", "--help") for a in args):
+        return _print_help(help_text.command_help(cmd))
     from torchref.config import WorkerDied
 
     try:

@@ -17,11 +17,20 @@ import json
 import os
 import platform
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpt2common.grammar import ConfigError, parse_kv
+from gpt2common.grammar import ConfigError, parse_kv, setting
 from torchref.config import STRATEGY_NAMES, resolve_ref
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """compare's own keys (`torchref compare --help`); every other key is `torchref train`'s."""
+
+    workers: tuple[int, ...] = setting((2, 4), "worker counts each multi-worker strategy runs at, each >= 2")
+    strategies: tuple[str, ...] = setting(STRATEGY_NAMES, "strategies to run; single always runs (the baseline)")
+    out: str = setting("runs/compare", "compare.md, compare.json, compare.png and each run's <strategy>-w<N>/")
 
 COLUMNS = [("strategy", "strategy"), ("workers", "N"), ("tokens_per_s", "tokens/s"), ("speedup", "speed-up"),
            ("efficiency", "efficiency"), ("step_time_s", "step time (s)"), ("peak_rss_mb", "peak RSS/proc (MB)"),
@@ -42,16 +51,16 @@ def _ints(raw: str, key: str) -> list[int]:
 def plan_runs(args: list[str], config_file: str | None = None):
     """Resolve (and so validate) every run before starting any. Returns (out, [(name, cfg, ref)])."""
     items = parse_kv(args)
-    workers = _ints(items.pop("workers", "2,4"), "workers")
+    workers = _ints(items.pop("workers", ",".join(map(str, CompareOptions.workers))), "workers")
     if any(n < 2 for n in workers):
         raise ConfigError(f"workers={','.join(map(str, workers))}: every worker count must be >= 2")
-    strategies = items.pop("strategies", ",".join(STRATEGY_NAMES)).split(",")
+    strategies = items.pop("strategies", ",".join(CompareOptions.strategies)).split(",")
     for s in strategies:
         if s not in STRATEGY_NAMES:
             raise ConfigError(f"strategies: {s!r} is unknown (choose from {', '.join(STRATEGY_NAMES)})")
     if "strategy" in items:
         raise ConfigError("compare runs every strategy; use strategies=a,b to choose a subset")
-    out = items.pop("out", "runs/compare")
+    out = items.pop("out", CompareOptions.out)
     rest = [f"{k}={v}" for k, v in items.items()]
     runs = []
     for s in ["single"] + [s for s in STRATEGY_NAMES if s in strategies and s != "single"]:

@@ -29,7 +29,7 @@ import typing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpt2common.grammar import ConfigError, load_yaml, parse_kv, parse_value, section_given_a_value
+from gpt2common.grammar import ConfigError, load_yaml, parse_kv, parse_value, section_given_a_value, setting
 from gpt2common.hf import check_init_model_keys
 from torchref.run_config import RunConfig, apply_run_overrides, check_rejected, validate_run
 
@@ -42,42 +42,44 @@ class WorkerDied(RuntimeError):
 
 @dataclass(frozen=True)
 class PSConfig:
-    async_: bool = False  # key `ps.async` (async is a Python keyword)
-    max_staleness: int = 2
+    async_: bool = setting(False, "asynchronous parameter server, strategy=single-ps only (NOT loss-equivalent "
+                                  "to single)")  # key `ps.async` (async is a Python keyword)
+    max_staleness: int = setting(2, "ps.async only: drop gradients computed on weights older than this many updates")
 
 
 @dataclass(frozen=True)
 class DDPConfig:
-    bucket_mb: float = 25.0  # torch DDP's default bucket_cap_mb
+    bucket_mb: float = setting(25.0, "DistributedDataParallel bucket size in MiB (torch DDP's bucket_cap_mb)")
 
 
 @dataclass(frozen=True)
 class HorovodConfig:
-    fusion_mb: float = 64.0  # Horovod's default fusion threshold (HOROVOD_FUSION_THRESHOLD = 64 MiB)
-    algorithm: str = "mpi"  # mpi | ring
-    compression: str = "none"  # none | fp16
+    fusion_mb: float = setting(64.0, "fusion buffer in MiB (Horovod's HOROVOD_FUSION_THRESHOLD default)")
+    algorithm: str = setting("mpi", "mpi (MPI_Allreduce) | ring (the explicit ring in torchref.comm)")
+    compression: str = setting("none", "gradients on the wire: none | fp16")
 
 
 @dataclass(frozen=True)
 class AMPConfig:
-    dtype: str = "bf16"  # bf16 | fp16 (fp16 uses GradScaler dynamic loss scaling)
+    dtype: str = setting("bf16", "autocast dtype of the -amp strategies: bf16 | fp16 (adds GradScaler loss scaling)")
 
 
 @dataclass(frozen=True)
 class DebugConfig:
-    grad_step: int = 0
-    crash_rank: int = -1
-    crash_step: int = 0
+    grad_step: int = setting(0, "save the averaged gradient of this step (1-based) to grads_step<K>.safetensors; 0: none")
+    crash_rank: int = setting(-1, "fault injection: this worker exits at debug.crash_step; -1: none")
+    crash_step: int = setting(0, "fault injection: the step debug.crash_rank exits at")
 
 
 @dataclass(frozen=True)
 class RefConfig:
-    strategy: str = "single"
-    workers: int = 1
-    device: str = "cpu"
-    backend: str = "auto"
-    timeout_s: float = 120.0
-    state_every: int = 0  # write <out>/state/<step>/ every N steps and after the last; 0: never
+    strategy: str = setting("single", "data-parallel strategy: " + " | ".join(STRATEGY_NAMES))
+    workers: int = setting(1, "data-parallel worker processes (1 for single; the PS strategies add a server)")
+    device: str = setting("cpu", "where the model and batches live: cpu | cuda (one GPU per process); CPU unless asked")
+    backend: str = setting("auto", "torch.distributed backend: auto (nccl with device=cuda, gloo with cpu) | gloo | nccl")
+    timeout_s: float = setting(120.0, "collective timeout in seconds; a dead peer ends the run within it")
+    state_every: int = setting(0, "write the training state to <out>/state/<step>/ every N steps and after the "
+                                  "last (docs/state_format.md); 0: never")
     ps: PSConfig = field(default_factory=PSConfig)
     ddp: DDPConfig = field(default_factory=DDPConfig)
     horovod: HorovodConfig = field(default_factory=HorovodConfig)

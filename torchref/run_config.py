@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpt2common.grammar import ConfigError, field_types, parse_value, section_given_a_value
+from gpt2common.grammar import ConfigError, field_types, parse_value, section_given_a_value, setting
 from gpt2common.model import PRESETS, ModelConfig, check_shape, preset
 from gpt2common.optim import OptimSettings, check_optim
 
@@ -93,7 +93,7 @@ class TrainSettings(OptimSettings):
     """The `train.*` keys torchref holds: the optimizer, schedule and batch keys (mirrored: the
     shared `gpt2common.optim.OptimSettings`) and `log_every`."""
 
-    log_every: int = 1  # console lines every N steps (metrics.jsonl gets every step)
+    log_every: int = setting(1, "console line every N steps (metrics.jsonl gets every step)")
 
 
 @dataclass(frozen=True)
@@ -103,14 +103,17 @@ class RunConfig:
 
     model: ModelConfig = field(default_factory=lambda: PRESETS["gpt2"])
     train: TrainSettings = field(default_factory=TrainSettings)
-    model_name: str = "gpt2"  # preset the model section started from
-    data: str = ""  # "" -> built-in corpus
-    tokenizer: str = "byte"
-    precision: str = "fp32"  # set from the strategy by torchref.config.resolve_ref
-    seed: int = 0
-    out: str = "runs/latest"
-    init: str = ""  # HF save_pretrained dir to start from
-    init_state: str = ""  # training-state dir to continue (gpt2common.state)
+    model_name: str = setting("gpt2", "model preset: " + " | ".join(PRESETS))  # the model section started from it
+    data: str = setting("", "text file or folder, or a prepared dir (as jaxpar train); empty: built-in tiny Shakespeare")
+    tokenizer: str = setting("byte", "when data is raw text: byte | bpe | a GPT-2 tokenizer dir")
+    # set from the strategy by torchref.config.resolve_ref
+    precision: str = setting("fp32", "set by the strategy: fp32, or the -amp strategies' amp.dtype; a value that "
+                                     "contradicts it is refused")
+    seed: int = setting(0, "seed of the initial weights (numpy, shared with jaxpar) and the batch order")
+    out: str = setting("runs/latest", "run directory (config, metrics.jsonl, summary.json, hf/, logs/)")
+    init: str = setting("", "HF save_pretrained dir (or a local hub name) to start from; model keys that disagree "
+                            "with its weights are refused")
+    init_state: str = setting("", "training-state dir to continue: weights, AdamW moments and step (gpt2common.state)")
 
 
 SECTIONS = {"model": ModelConfig, "train": TrainSettings}

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Iterator
 
+from gpt2common.helptext import doc_of, rows
+from gpt2common.helptext import table as _table
 from jaxpar import config as C
 from jaxpar.run import options as O
 
@@ -46,10 +47,6 @@ def usage() -> str:
     return "\n".join(lines)
 
 
-def doc_of(f: dataclasses.Field) -> str:
-    return f.metadata.get("doc", "")
-
-
 def documented_classes() -> list[type]:
     """Every dataclass whose fields are keys of some command."""
     from jaxpar.planner import cli as plan_cli
@@ -67,47 +64,6 @@ def undocumented(classes: list[type]) -> list[str]:
             if not doc_of(f).strip() and not dataclasses.is_dataclass(typing.get_type_hints(cls)[f.name])]
 
 
-def _type_name(tp) -> str:
-    origin = typing.get_origin(tp)
-    if origin is tuple:
-        return f"{_type_name(typing.get_args(tp)[0])} list"
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    if args and len(args) < len(typing.get_args(tp)):  # X | None
-        return _type_name(args[0])
-    return getattr(tp, "__name__", str(tp))
-
-
-def _default_text(v) -> str:
-    if v is None:
-        return "none"
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, tuple):
-        return ",".join(map(str, v)) or '""'
-    if isinstance(v, str):
-        return '""' if not v else (v if v.isprintable() and " " not in v else repr(v))
-    return repr(v)
-
-
-def rows(cls, prefix: str = "", instance=None, only: tuple[str, ...] | None = None,
-         default: str | None = None, skip: tuple[str, ...] = ()) -> Iterator[tuple[str, str, str, str]]:
-    """(key, type, default, meaning) of each field of dataclass `cls` (defaults from `instance`, else
-    the class's); `default` replaces every default (e.g. "run's")."""
-    types_ = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if (only is not None and f.name not in only) or f.name in skip:
-            continue
-        if dataclasses.is_dataclass(types_[f.name]):  # a Config section: listed by its own rows
-            continue
-        if default is not None:
-            shown = default
-        elif instance is not None:
-            shown = _default_text(getattr(instance, f.name))
-        else:
-            shown = _default_text(f.default) if f.default is not dataclasses.MISSING else "required"
-        yield prefix + f.name, _type_name(types_[f.name]), shown, doc_of(f)
-
-
 def config_rows(cfg: C.Config | None = None) -> list[tuple[str, str, str, str]]:
     """Every `jaxpar train` key: `model` (the preset), then model.*, the other sections, the top keys."""
     cfg = cfg or C.Config()
@@ -117,11 +73,6 @@ def config_rows(cfg: C.Config | None = None) -> list[tuple[str, str, str, str]]:
         out += rows(cls, f"{name}.", getattr(cfg, name))
     out += rows(C.Config, "", cfg, skip=("model_name",))
     return out
-
-
-def _table(entries: list[tuple[str, str, str, str]]) -> str:
-    w = [max(len(e[i]) for e in entries) for i in range(3)]
-    return "\n".join(f"  {k:<{w[0]}}  {t:<{w[1]}}  {d:<{w[2]}}  {m}" for k, t, d, m in entries)
 
 
 def command_rows(cmd: str) -> tuple[list[tuple[str, str, str, str]], list[str]]:
