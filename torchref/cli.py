@@ -12,7 +12,6 @@ import sys
 
 from gpt2common.grammar import one_line
 
-
 def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
     from gpt2common.grammar import ConfigError
 
@@ -34,8 +33,6 @@ def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
     return cfg_file, rest
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
 def _print_help(text: str) -> int:
     """Help, exit 0, also into a pipe whose reader is gone (`torchref train --help | head`): no traceback."""
     try:
@@ -45,13 +42,13 @@ def _print_help(text: str) -> int:
     return 0
 
 
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--version"]:
         from gpt2common.versions import version_line
 
         print(version_line("torchref"))
         return 0
-    cmd, args = argv[0], argv[1:]
-    from gpt2common.grammar import ConfigError
     from torchref import help as help_text  # the key tables: torchref's dataclasses (no torch)
 
     if not argv:  # a command is required: usage on stderr, exit 2 (as a bad command)
@@ -60,9 +57,11 @@ def _print_help(text: str) -> int:
         return 2
     if argv[0] in ("-h", "--help", "help"):
         return _print_help(help_text.usage())
-    from gpt2common.writes import WRITE_FAILED_EXIT, WriteFailed, failure_line
+    cmd, args = argv[0], argv[1:]
     if cmd in help_text.COMMANDS and any(a in ("-h", "--help") for a in args):
         return _print_help(help_text.command_help(cmd))
+    from gpt2common.grammar import ConfigError
+    from gpt2common.writes import WRITE_FAILED_EXIT, WriteFailed, failure_line
     from torchref.config import WorkerDied
 
     try:
