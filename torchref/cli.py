@@ -12,6 +12,7 @@ import sys
 
 from gpt2common.grammar import one_line
 
+
 def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
     from gpt2common.grammar import ConfigError
 
