@@ -64,6 +64,13 @@ def test_no_command_is_a_usage_error(tool, capsys):
                               f"error: no command given (choose from {', '.join(names)}; {tool} --help)\n")
 
 
+def test_eval_help_gives_data_the_runs_default():
+    """`jaxpar eval checkpoint=RUN` without data= scores the run's own val.bin (tests/run/test_train_cli.py);
+    the help said data was required."""
+    key, _, default, meaning = next(r for r in H.command_rows("eval")[0] if r[0] == "data")
+    assert (default, "(required)" in meaning, "with hf= it is required" in meaning) == (H.RUNS, False, True)
+
+
 def _parse_shown(text: str) -> str:
     return "" if text == '""' else text
 

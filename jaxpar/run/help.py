@@ -86,7 +86,8 @@ def command_rows(cmd: str) -> tuple[list[tuple[str, str, str, str]], list[str]]:
         return list(rows(O.PrepareOptions)), []
     if cmd in ("eval", "sample"):
         own = O.EvalOptions if cmd == "eval" else O.SampleOptions
-        out = list(rows(own))
+        # eval's data= defaults to the run's own prepared data (jaxpar.run.commands._run_data)
+        out = [(k, t, RUNS if (cmd, k) == ("eval", "data") else d, m) for k, t, d, m in rows(own)]
         out += rows(C.MeshConfig, "mesh.", cfg.mesh)
         out += rows(C.PipelineConfig, "pipeline.", default=RUNS)
         out += [("precision", "str", "fp32", doc_of(next(f for f in dataclasses.fields(C.Config)

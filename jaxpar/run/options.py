@@ -33,7 +33,8 @@ class PrepareOptions:
 class EvalOptions:
     checkpoint: str = setting("", "run directory to evaluate (this or hf=)")
     hf: str = setting("", "HF save_pretrained dir to evaluate (this or checkpoint=)")
-    data: str = setting("", "prepared dir (its val.bin) or a .bin token file (required)")
+    data: str = setting("", "prepared dir (its val.bin) or a .bin token file; with checkpoint= it defaults to the "
+                            "run's own (<run>/data, else its config's data=), with hf= it is required")
 
 
 @dataclass(frozen=True)
