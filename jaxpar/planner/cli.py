@@ -182,6 +182,9 @@ def run(opts: dict) -> int:
             continue
         sweep_points.append({"devices": n, "mesh": p.mesh, "tokens_per_s": p.data["tokens_per_s"],
                              "mfu": p.data["mfu"], "step_time_s": p.data["step_time_s"]})
+    if sweep_points and all("error" in p for p in sweep_points):  # nothing to plot: refused, nothing written
+        why = "; ".join(f"devices={p['devices']}: {p['error']}" for p in sweep_points)
+        raise ConfigError(f"sweep={','.join(map(str, opts['sweep']))}: no device count has a plan ({why})")
     try:  # an unwritable or misplaced out= is bad input: one error line, not a traceback
         return _write_and_print(plan, res, sweep_points, opts, cfg, w)
     except OSError as e:
