@@ -81,7 +81,8 @@ def emulate_host_devices(n: int) -> None:
 
 
 def emulate_devices_for(mc: MeshConfig, env=None) -> int:
-    """Emulate as many CPU devices per process as `mc` needs (mesh size / process count).
+    """Emulate as many CPU devices per process as `mc` needs (mesh size / process count; with a
+    -1 axis, lcm(fixed axes, processes) / processes, so that the wildcard fills whole processes).
 
     Keeps a user's own `--xla_force_host_platform_device_count` when the mesh has a -1 axis
     (the wildcard then fills whatever was asked for). Returns the per-process count set (0: none).
@@ -92,10 +93,13 @@ def emulate_devices_for(mc: MeshConfig, env=None) -> int:
     has_wild = any(v == -1 for v in dataclasses.asdict(mc).values())
     if has_wild and "xla_force_host_platform_device_count" in env.get("XLA_FLAGS", ""):
         return 0
-    if n % nprocs:
+    if has_wild:  # the -1 axis fills the devices: the fewest that both the fixed axes (n) and the
+        per = n // math.gcd(n, nprocs)  # processes divide, lcm(n, nprocs); one process: n, as before
+    elif n % nprocs:
         raise ConfigError(f"mesh {shown_sizes(dataclasses.asdict(mc))} ({n} devices) cannot be split evenly over "
                           f"{nprocs} processes")
-    per = n // nprocs
+    else:
+        per = n // nprocs
     if per > MAX_EMULATED:  # XLA aborts on a count past 2^31 - 1, and hangs creating a million
         raise ConfigError(f"mesh {shown_sizes(dataclasses.asdict(mc))} needs {per} devices per process; at most "
                           f"{MAX_EMULATED} CPU devices can be emulated in one process")

@@ -62,3 +62,18 @@ def test_a_rank_refusing_its_input_exits_at_once_and_a_plain_process_returns(ran
     assert (e.value.code, capsys.readouterr().err) == (2, "error: bad\n")
     monkeypatch.delenv("JAXPAR_COORDINATOR")
     assert cli.main(["train"]) == 2  # not a job: returns, as the in-process tests rely on
+
+
+@pytest.mark.parametrize("mesh,per", [({"data": -1}, 0), ({"data": -1, "tensor": 4}, 2),
+                                      ({"data": -1, "tensor": 3}, 3), ({"fsdp": 2, "tensor": -1}, 0)])
+def test_a_wildcard_axis_under_two_processes_fills_them(monkeypatch, mesh, per):
+    """Item 19: under `launch nprocs=2` a -1 axis was counted as one device, so every rank refused
+    'mesh data=-1 (1 devices) cannot be split evenly over 2 processes'. Now each process gets
+    lcm(fixed axes, 2) / 2 devices (0: the one CPU device it has anyway) and -1 fills the rest."""
+    from jaxpar.config import MeshConfig
+    from jaxpar.parallel.mesh import emulate_devices_for
+
+    monkeypatch.setenv("XLA_FLAGS", "")
+    env = {"JAXPAR_COORDINATOR": "127.0.0.1:1", "JAXPAR_NUM_PROCESSES": "2", "XLA_FLAGS": ""}
+    assert emulate_devices_for(MeshConfig(**mesh), env) == per
+    assert os.environ["XLA_FLAGS"] == (f"--xla_force_host_platform_device_count={per}" if per else "")
