@@ -258,7 +258,11 @@ def prepare_input(source: str, out_dir: str, tokenizer: str = "byte", text_key: 
         tok = train_bpe(texts())
     else:
         tok = make_tokenizer(spec)
-    _check_vocab(tok, model_vocab)
+    if model_vocab is not None and tok.vocab_size > model_vocab:  # raw text for a run: say how it fits
+        raise ConfigError(f"data vocab_size={tok.vocab_size} is larger than model.vocab_size={model_vocab} "
+                          f"(tokenizer={spec}): give model.vocab_size={tok.vocab_size}, or prepare the text first "
+                          "(jaxpar prepare), whose vocab a run then takes")
+    _check_vocab(tok, None)
     raw = tok._hf is None
     if not builtin:
         warned: set = set()

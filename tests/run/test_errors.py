@@ -49,7 +49,8 @@ def test_a_start_that_fails_before_its_first_step_leaves_no_directory(tmp_path):
     and an existing parent stays."""
     out = tmp_path / "a" / "b" / "run"
     line = err(run(["train", "model=gpt2-tiny", "model.vocab_size=100", "train.seq_len=8", f"out={out}"]))
-    assert line == "error: data vocab_size=256 is larger than model.vocab_size=100"
+    assert line == ("error: data vocab_size=256 is larger than model.vocab_size=100 (tokenizer=byte): give "
+                    "model.vocab_size=256, or prepare the text first (jaxpar prepare), whose vocab a run then takes")
     assert sorted(os.listdir(tmp_path)) == []
 
 
