@@ -19,7 +19,8 @@ from jaxpar.run import options as O
 # command -> (arguments after `jaxpar <command>`, one line of what it does)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("[--config FILE.yaml] [key=value ...]", "train GPT-2 and write a run directory (out=)"),
-    "prepare": ("input=<file|folder> out=<dir> [tokenizer=...]", "tokenize text into train.bin / val.bin"),
+    "prepare": ("input=<files|folder|glob|dataset> out=<dir> [tokenizer=...] [workers=N]",
+                "stream a corpus through tokenizer workers into token shards"),
     "eval": ("(checkpoint=<run dir> [data=<prepared dir | .bin>] | hf=<dir> data=<prepared dir | .bin>) [key=value ...]",
              "loss and perplexity of a run or an HF model on held-out tokens"),
     "sample": ("checkpoint=<run dir> [prompt=...] [key=value ...]", "generate text from a run"),
