@@ -178,7 +178,23 @@ def resolve_train(kv: dict, config_file: str | None, writer: bool = True) -> Con
     if changed:
         shown = ", ".join(f"{k}={new!r} (run has {old!r})" for k, new, old in changed)
         raise ConfigError(f"resume=true cannot change {shown}: start a new run in another out")
-    return cfg
+    return _sequence_parallel_on(cfg, given)
+
+
+def _sequence_parallel_on(cfg: Config, given: dict) -> Config:
+    """A resume restores onto any mesh: a run's inherited tensor.sequence_parallel=true that the
+    new mesh cannot take (no tensor axis, or one seq_len does not divide) is turned off, and said;
+    it moves where the residual stream lives, not what is computed. Given anew, it stays (and the
+    layout refuses it with its reason). A -1 tensor axis is resolved later: left to the layout."""
+    from jaxpar.parallel.layout import sequence_parallel_problem
+
+    if not cfg.tensor.sequence_parallel or "tensor.sequence_parallel" in given or cfg.mesh.tensor == -1:
+        return cfg
+    if (why := sequence_parallel_problem(cfg.mesh, cfg.train.seq_len)) is None:
+        return cfg
+    print(f"tensor.sequence_parallel=false: the run used sequence parallelism, which this mesh cannot take "
+          f"({why.removeprefix('tensor.sequence_parallel=true ')}); resumed without it", file=sys.stderr)
+    return C.validate(dataclasses.replace(cfg, tensor=dataclasses.replace(cfg.tensor, sequence_parallel=False)))
 
 
 def check_init_model_keys(given: dict) -> None:

@@ -77,3 +77,27 @@ def test_a_wildcard_axis_under_two_processes_fills_them(monkeypatch, mesh, per):
     env = {"JAXPAR_COORDINATOR": "127.0.0.1:1", "JAXPAR_NUM_PROCESSES": "2", "XLA_FLAGS": ""}
     assert emulate_devices_for(MeshConfig(**mesh), env) == per
     assert os.environ["XLA_FLAGS"] == (f"--xla_force_host_platform_device_count={per}" if per else "")
+
+
+def test_a_sequence_parallel_run_resumes_onto_a_mesh_without_tensor(tmp_path, capsys):
+    """Item 20: the README promises resume onto any mesh; an inherited tensor.sequence_parallel=true
+    was refused on mesh.tensor=1, and the line did not say tensor.sequence_parallel=false."""
+    from jaxpar import config as C
+    from jaxpar.parallel.layout import build_layout
+    from jaxpar.run.rundir import resolve_train
+
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = C.resolve(["model=gpt2-tiny", "mesh.tensor=2", "tensor.sequence_parallel=true", f"out={run}"])
+    (run / "config.json").write_text(C.dumps(saved))
+    cfg = resolve_train({"resume": "true", "out": str(run), "mesh.tensor": "1", "mesh.data": "2"}, None)
+    assert (cfg.tensor.sequence_parallel, cfg.mesh.data, cfg.mesh.tensor) == (False, 2, 1)
+    assert capsys.readouterr().err == ("tensor.sequence_parallel=false: the run used sequence parallelism, which "
+                                       "this mesh cannot take (needs mesh.tensor > 1 (it splits T over the tensor "
+                                       "axis)); resumed without it\n")
+    build_layout(cfg, 2)  # the layout takes it
+    kept = resolve_train({"resume": "true", "out": str(run), "mesh.data": "2"}, None)  # tensor=2 still: kept
+    assert kept.tensor.sequence_parallel and capsys.readouterr().err == ""
+    given = resolve_train({"resume": "true", "out": str(run), "mesh.tensor": "1",
+                           "tensor.sequence_parallel": "true"}, None)
+    assert given.tensor.sequence_parallel  # asked for anew: the layout's refusal stands
