@@ -59,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
 
             traceback.print_exc()
             code = 1
-    if code and _in_job():
+    # A job's rank, or the process's own entry (argv None: the `jaxpar` script, python -m) that was
+    # interrupted: out without the interpreter's teardown (JAX's shutdown barrier; XLA / torch
+    # threads still running segfaulted it after "error: interrupted", exit 139 instead of 130).
+    if code and _in_job() or code == 130 and argv is None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -108,7 +111,7 @@ def _main(argv: list[str] | None = None) -> int:
     xla_flags.apply_gpu_defaults()  # collective-overlap flags on GPU, before JAX starts
     host_memory.keep_freed_memory()  # no per-step page faults on XLA:CPU's buffers, before JAX starts
     module, func = COMMANDS[cmd].split(":")
-    restore = _note_interrupts()
+    restore = _note_interrupts(cmd in READ_ONLY)
     try:
         return int(getattr(importlib.import_module(module), func)(rest) or 0)
     except ConfigError as e:
@@ -132,6 +135,23 @@ def _main(argv: list[str] | None = None) -> int:
         restore()
 
 
+# Commands that write nothing a Ctrl-C could leave half done: interrupted, they end at once
+# (exit 130, `_interrupted_now`). A KeyboardInterrupt instead was lost inside a gc callback (eval
+# ran to its end, exit 0) or unwound into interpreter teardown under live XLA / torch threads
+# (sample, bisect: "error: interrupted", then a segfault, exit 139).
+READ_ONLY = ("eval", "sample", "bisect", "mesh", "inspect")
+
+
+def _interrupted_now(signum, frame):
+    """SIGINT handler of a READ_ONLY command: one line, exit 130, nothing else runs."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    os.write(2, b"error: interrupted\n")
+    os._exit(130)
+
+
 class _Interrupt:
     """The CLI's SIGINT handler until a run installs its own (jaxpar.run.loop._StopFlag): Python's
     KeyboardInterrupt, plus a note of the signal in `received`. A KeyboardInterrupt raised while
@@ -147,22 +167,23 @@ class _Interrupt:
         raise KeyboardInterrupt
 
 
-def _note_interrupts():
+def _note_interrupts(read_only: bool = False):
     """Install a fresh _Interrupt for this command (main thread, Python's own handler in place), and
     an unraisable hook that drops the lost KeyboardInterrupt's "Exception ignored" traceback (the
-    note carries it). Returns the function that puts both back."""
+    note carries it); a `read_only` command gets `_interrupted_now` instead. Returns the function
+    that puts both back."""
     import threading
 
     old, old_hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
     if threading.current_thread() is not threading.main_thread() or \
-            (old is not signal.default_int_handler and not isinstance(old, _Interrupt)):
+            (old not in (signal.default_int_handler, _interrupted_now) and not isinstance(old, _Interrupt)):
         return lambda: None
 
     def unraisable(u):
         if not issubclass(u.exc_type, KeyboardInterrupt):
             old_hook(u)
 
-    signal.signal(signal.SIGINT, _Interrupt())
+    signal.signal(signal.SIGINT, _interrupted_now if read_only else _Interrupt())
     sys.unraisablehook = unraisable
 
     def restore():

@@ -101,3 +101,49 @@ def test_a_sequence_parallel_run_resumes_onto_a_mesh_without_tensor(tmp_path, ca
     given = resolve_train({"resume": "true", "out": str(run), "mesh.tensor": "1",
                            "tensor.sequence_parallel": "true"}, None)
     assert given.tensor.sequence_parallel  # asked for anew: the layout's refusal stands
+
+
+@pytest.mark.parametrize("cmd", ["eval", "sample", "bisect"])
+def test_ctrl_c_in_a_read_only_command_is_130_at_once(monkeypatch, capfd, cmd):
+    """Item 14: the KeyboardInterrupt was lost in a gc callback (eval ran on, exit 0) or unwound into
+    teardown with XLA / torch threads alive (sample, bisect: segfault, exit 139). The signal is
+    delivered here for real, inside the command."""
+    import signal
+
+    from jaxpar.run import bisection, commands
+
+    def exit_(code):
+        raise _Exited(code)
+
+    def command(argv):
+        os.kill(os.getpid(), signal.SIGINT)
+        return 0  # reached only when the interrupt was lost
+
+    monkeypatch.setattr(os, "_exit", exit_)
+    monkeypatch.setattr(bisection if cmd == "bisect" else commands,
+                        {"eval": "evaluate", "sample": "sample", "bisect": "main"}[cmd], command)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(_Exited) as e:
+        cli.main([cmd])
+    assert e.value.code == 130 and capfd.readouterr().err == "error: interrupted\n"
+    signal.signal(signal.SIGINT, before)
+
+
+def test_an_interrupted_process_entry_leaves_without_teardown(monkeypatch):
+    """`jaxpar` as a process (argv None) that returns 130 (a writer's KeyboardInterrupt) exits with
+    os._exit(130): no interpreter teardown under live XLA threads."""
+    from jaxpar.run import commands
+
+    def exit_(code):
+        raise _Exited(code)
+
+    def convert(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "_exit", exit_)
+    monkeypatch.setattr(commands, "convert", convert)
+    monkeypatch.setattr("sys.argv", ["jaxpar", "convert"])
+    with pytest.raises(_Exited) as e:
+        cli.main()
+    assert e.value.code == 130
+    assert cli.main(["convert"]) == 130  # called as a function: returns
