@@ -7,6 +7,7 @@ What a key means (which keys exist, their defaults and checks) is each side's ow
 
 from __future__ import annotations
 
+import difflib
 import math
 import types
 import typing
@@ -129,6 +130,23 @@ def _unique_keys_loader(path: str):
             return super().construct_mapping(node, deep)
 
     return Loader
+
+
+def unknown_key(key: str, known, valid: str = "") -> ConfigError:
+    """`unknown key 'steps' (did you mean train.steps?)`: the known keys whose last part is the given
+    one's (a section left out: steps -> train.steps), else difflib's closest keys (a typo: trian.steps),
+    else the keys whose last part is closest to its (stepz -> train.steps); at most 3. `valid`, when
+    given, lists the section's keys instead of guessing."""
+    if valid:
+        return ConfigError(f"unknown key {key!r} (valid: {valid})")
+    known = [k for k in known if k != key]
+    leaf = key.rpartition(".")[2]
+    leaves = {}  # last part -> the keys that end in it
+    for k in known:
+        leaves.setdefault(k.rpartition(".")[2], []).append(k)
+    guesses = (leaves.get(leaf) or difflib.get_close_matches(key, known, n=3)
+               or [k for near in difflib.get_close_matches(leaf, list(leaves), n=1) for k in leaves[near]])[:3]
+    return ConfigError(f"unknown key {key!r}" + (f" (did you mean {' or '.join(guesses)}?)" if guesses else ""))
 
 
 def given_twice(key: str, first: str, second: str) -> ConfigError:

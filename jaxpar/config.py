@@ -23,6 +23,7 @@ from gpt2common.grammar import (
     parse_value,
     section_given_a_value,
     setting,
+    unknown_key,
 )
 from gpt2common.model import PRESETS, ModelConfig, check_shape, preset
 from gpt2common.optim import OptimSettings, check_optim
@@ -155,6 +156,12 @@ SECTIONS = {"model": ModelConfig, "mesh": MeshConfig, "pipeline": PipelineConfig
             "sharding": ShardingConfig, "tensor": TensorConfig, "log": LogConfig}
 
 
+def config_keys() -> list[str]:
+    """Every `jaxpar train` key: model, each section's dotted keys, the top keys (a hint's candidates)."""
+    top = [f.name for f in dataclasses.fields(Config) if f.name not in SECTIONS and f.name != "model_name"]
+    return ["model", *(f"{h}.{k}" for h, cls in SECTIONS.items() for k in field_types(cls)), *top]
+
+
 def apply_overrides(cfg: Config, items: dict[str, Any]) -> Config:
     """Apply dotted `key: value` overrides; `model=<preset>` is applied first so that
     `model.*` keys refine the chosen preset."""
@@ -178,17 +185,16 @@ def apply_overrides(cfg: Config, items: dict[str, Any]) -> Config:
         head, _, rest = key.partition(".")
         if rest:
             if head not in SECTIONS:
-                raise ConfigError(f"unknown key {key!r}")
+                raise unknown_key(key, config_keys())
             types_ = field_types(SECTIONS[head])
             if rest not in types_:
-                valid = ", ".join(f"{head}.{k}" for k in types_)
-                raise ConfigError(f"unknown key {key!r} (valid: {valid})")
+                raise unknown_key(key, (), ", ".join(f"{head}.{k}" for k in types_))
             sections.setdefault(head, {})[rest] = parse_value(types_[rest], raw, key)
         else:
             if key in SECTIONS:
                 raise section_given_a_value(key, raw, dataclasses.fields(SECTIONS[key])[0].name)
             if key not in top:
-                raise ConfigError(f"unknown key {key!r}")
+                raise unknown_key(key, config_keys())
             cfg = replace(cfg, **{key: parse_value(top[key], raw, key)})
     for head, kv in sections.items():
         cfg = replace(cfg, **{head: replace(getattr(cfg, head), **kv)})

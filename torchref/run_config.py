@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpt2common.grammar import ConfigError, field_types, parse_value, section_given_a_value, setting
+from gpt2common.grammar import ConfigError, field_types, parse_value, section_given_a_value, setting, unknown_key
 from gpt2common.model import PRESETS, ModelConfig, check_shape, preset
 from gpt2common.optim import OptimSettings, check_optim
 
@@ -125,7 +125,7 @@ def _unknown(key: str) -> ConfigError:
     valid = [k for k in KEY_POLICY if k.startswith(head + ".")]
     if head == "model":  # listed in the shared dataclass's order, as jaxpar lists them
         valid = [f"model.{f.name}" for f in dataclasses.fields(ModelConfig)]
-    return ConfigError(f"unknown key {key!r} (valid: {', '.join(valid)})" if rest and valid else f"unknown key {key!r}")
+    return unknown_key(key, KEY_POLICY, ", ".join(valid) if rest else "")
 
 
 def apply_run_overrides(cfg: RunConfig, items: dict[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
