@@ -77,8 +77,13 @@ def test_a_signal_at_a_random_moment_leaves_one_complete_checkpoint(tmp_path, se
     assert {"params", "opt_state", "meta"} <= set(os.listdir(out / "ckpt" / str(k)))
 
 
+# Ctrl-C's SIGINT must reach the run as it does from a terminal: a suite started in the background of
+# a non-interactive shell (`python -m pytest ... &` in a script) gives every process it starts SIGINT
+# ignored (POSIX), Python keeps it ignored, the CLI rightly notes nothing, the kill below is dropped
+# and the run went on to step 5. So the script takes Python's own handler first, as a terminal's run has.
 LOST_INTERRUPT = """
 import gc, os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from jaxpar import cli
 from jaxpar.run import loop
 
