@@ -151,6 +151,9 @@ def test_every_input_format_gives_the_same_documents(corpus, tmp_path, monkeypat
     (snap.parent.parent / "refs" / "main").write_text("0" * 40)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "home" / "hub"))
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "home" / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     data.prepare_input("me/tiny", tmp_path / "cache", **kw)
     glob = data.prepare_input(f"{tmp_path / 'in'}/*.parquet,{tmp_path / 'in'}/*.jsonl.*", tmp_path / "glob", **kw)
@@ -288,3 +291,23 @@ def test_a_mixture_draws_rows_in_its_weights_from_seed_and_step(tmp_path):
     vocab = data.read_meta(str(tmp_path / "c"))["vocab_size"]
     assert str(e.value) == (f"data={bad!r}: {str(tmp_path / 'a')!r} and {str(tmp_path / 'c')!r} were prepared with "
                             f"different tokenizers (byte/256 and bpe/{vocab}); a mixture needs one tokenizer")
+
+
+def test_a_tokenizer_by_hub_name_comes_from_the_local_cache_only(corpus, tmp_path, monkeypatch):
+    d, docs, hfk = corpus
+    snap = tmp_path / "hub" / "models--me--tok" / "snapshots" / ("1" * 40)
+    snap.mkdir(parents=True)
+    (snap / "tokenizer.json").write_bytes((d / "tok.json").read_bytes())
+    (snap.parent.parent / "refs").mkdir()
+    (snap.parent.parent / "refs" / "main").write_text("1" * 40)
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # read at import: both, as test_hf_format does
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tok = data.make_tokenizer("me/tok")
+    assert tok.encode(docs[0]).tolist() == hfk.encode(docs[0]).ids
+    with pytest.raises(ConfigError) as e:
+        data.make_tokenizer("me/absent")
+    assert str(e.value) == ("tokenizer='me/absent' must be byte, bpe, a tokenizer dir (tokenizer.json, or vocab.json "
+                            f"+ merges.txt), a tokenizer.json, or a hub name in the local HF cache ({tmp_path / 'hub'})")
