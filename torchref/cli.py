@@ -14,20 +14,22 @@ from gpt2common.grammar import one_line
 
 
 def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
-    from gpt2common.grammar import ConfigError
+    from gpt2common.grammar import ConfigError, given_twice
 
     cfg_file, rest, i = None, [], 0
     while i < len(argv):
         a = argv[i]
-        if a == "--config":
-            if i + 1 >= len(argv):
+        if a == "--config" or a.startswith("--config="):
+            if a == "--config" and i + 1 >= len(argv):
                 raise ConfigError("--config needs a file")
-            cfg_file, i = argv[i + 1], i + 2
+            given = argv[i + 1] if a == "--config" else a.split("=", 1)[1]
+            if not given:  # `--config=` (an unset shell variable): not a run on the defaults
+                raise ConfigError("--config needs a file")
+            if cfg_file is not None:  # the first file would be dropped
+                raise given_twice("--config", cfg_file, given)
+            cfg_file = given
+            i += 2 if a == "--config" else 1
             continue
-        if a.startswith("--config="):
-            cfg_file = a.split("=", 1)[1]
-            if not cfg_file:  # `--config=` (an unset shell variable): not a run on the defaults
-                raise ConfigError("--config needs a file")
         else:
             rest.append(a)
         i += 1
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, WorkerDied) as e:
         sys.stderr.write(f"error: {one_line(str(e))}\n")  # one write: lines of several processes never join
         return 2
-    except (WriteFailed, OSError) as e:  # disk full / quota / file-size limit: gpt2common/writes.py
+    except (WriteFailed, OSError, MemoryError) as e:  # any storage errno, out of memory: gpt2common/writes.py
         if (msg := failure_line(e)) is None:
             raise
         sys.stderr.write(f"error: {one_line(msg)}\n")
