@@ -72,12 +72,24 @@ def mesh_shape(mesh) -> dict[str, int]:
 MAX_EMULATED = 4096  # CPU devices one process emulates; a GPU node has at most a few dozen devices
 
 
+_COUNT_FLAG = "--xla_force_host_platform_device_count"
+_SET_HERE: set[str] = set()  # the count flags this process wrote (emulate_host_devices): not the user's
+
+
 def emulate_host_devices(n: int) -> None:
     """Ask XLA for `n` CPU devices. Must run before JAX initialises its backends (no effect
     afterwards). GPU/TPU backends ignore this flag."""
     flags = os.environ.get("XLA_FLAGS", "")
-    flags = " ".join(f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count"))
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    flags = " ".join(f for f in flags.split() if not f.startswith(_COUNT_FLAG))
+    os.environ["XLA_FLAGS"] = f"{flags} {_COUNT_FLAG}={n}".strip()
+    _SET_HERE.add(f"{_COUNT_FLAG}={n}")
+
+
+def _users_count(env) -> str | None:
+    """The device count the user's own XLA_FLAGS asks for (the last count flag), None when there is
+    none or this process wrote it (a CLI called twice in one process)."""
+    given = [f for f in env.get("XLA_FLAGS", "").split() if f.startswith(f"{_COUNT_FLAG}=")]
+    return None if not given or given[-1] in _SET_HERE else given[-1].partition("=")[2]
 
 
 def emulate_devices_for(mc: MeshConfig, env=None) -> int:
@@ -85,7 +97,10 @@ def emulate_devices_for(mc: MeshConfig, env=None) -> int:
     -1 axis, lcm(fixed axes, processes) / processes, so that the wildcard fills whole processes).
 
     Keeps a user's own `--xla_force_host_platform_device_count` when the mesh has a -1 axis
-    (the wildcard then fills whatever was asked for). Returns the per-process count set (0: none).
+    (the wildcard then fills whatever was asked for); replaces one that disagrees with the mesh, with a
+    one-line `warning:` on stderr (the run goes on: the mesh's sizes are what the user gave last, and
+    an error would stop runs whose environment keeps an old count). Returns the per-process count set
+    (0: none).
     """
     env = os.environ if env is None else env
     nprocs = cluster_size(env)
@@ -103,6 +118,11 @@ def emulate_devices_for(mc: MeshConfig, env=None) -> int:
     if per > MAX_EMULATED:  # XLA aborts on a count past 2^31 - 1, and hangs creating a million
         raise ConfigError(f"mesh {shown_sizes(dataclasses.asdict(mc))} needs {per} devices per process; at most "
                           f"{MAX_EMULATED} CPU devices can be emulated in one process")
+    if (asked := _users_count(env)) is not None and asked != str(per):
+        # the mesh decides the count (build_mesh refuses idle devices): say so, one line, and go on
+        sys.stderr.write(f"warning: XLA_FLAGS {_COUNT_FLAG}={asked} replaced by {per}, the devices per process of "
+                         f"mesh {shown_sizes(dataclasses.asdict(mc))}; a -1 axis (mesh.data=-1) fills the devices "
+                         "asked for\n")
     if per > 1 or "xla_force_host_platform_device_count" in env.get("XLA_FLAGS", ""):
         emulate_host_devices(per)
         return per

@@ -164,6 +164,26 @@ def test_emulate_one_device_mesh_overrides_a_users_device_count(monkeypatch):
     assert M.emulate_devices_for(MeshConfig(), {"XLA_FLAGS": ""}) == 0 and os.environ["XLA_FLAGS"] == ""
 
 
+def test_a_users_device_count_the_mesh_replaces_gets_one_warning_line(monkeypatch, capsys):
+    """XLA_FLAGS=--xla_force_host_platform_device_count=3 beside a mesh of 2 was replaced without a word.
+    Now one `warning:` line names both counts; none where they agree, where a -1 axis fills the user's
+    count, or where the flag is one this process wrote (the CLI called again in one process)."""
+    def emulate(mc, flags):
+        monkeypatch.setenv("XLA_FLAGS", flags)
+        n = M.emulate_devices_for(mc, {"XLA_FLAGS": flags})
+        return n, capsys.readouterr().err
+
+    monkeypatch.setattr(M, "_SET_HERE", set())
+    assert emulate(MeshConfig(data=2), "--xla_force_host_platform_device_count=3") == (2, (
+        "warning: XLA_FLAGS --xla_force_host_platform_device_count=3 replaced by 2, the devices per process of mesh "
+        "data=2×fsdp=1×tensor=1×pipe=1; a -1 axis (mesh.data=-1) fills the devices asked for\n"))
+    assert emulate(MeshConfig(), "--xla_force_host_platform_device_count=8")[1].startswith(
+        "warning: XLA_FLAGS --xla_force_host_platform_device_count=8 replaced by 1, ")
+    assert emulate(MeshConfig(data=2), "--xla_force_host_platform_device_count=2") == (2, "")
+    assert emulate(MeshConfig(data=4), os.environ["XLA_FLAGS"]) == (4, "")  # the flag the last call wrote
+    assert emulate(MeshConfig(data=-1), "--xla_force_host_platform_device_count=3") == (0, "")
+
+
 def test_barrier_waits_timeout_s_in_milliseconds(monkeypatch):
     """The coordination service's barrier takes milliseconds: barrier(name, 600) waits 600 000 ms."""
     from jax._src import distributed
