@@ -71,9 +71,11 @@ def _hf_cache_files(name: str) -> list[str] | None:
 
 
 def hf_cache_dirs() -> str:
+    """Where a dataset name is looked for: the hub cache, then the `datasets` cache."""
+    from gpt2common.hf import hub_cache_dir
+
     home = os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface"))
-    return f"{os.environ.get('HF_HUB_CACHE', os.path.join(home, 'hub'))} and " \
-           f"{os.environ.get('HF_DATASETS_CACHE', os.path.join(home, 'datasets'))}"
+    return f"{hub_cache_dir()} and {os.environ.get('HF_DATASETS_CACHE', os.path.join(home, 'datasets'))}"
 
 
 def _walk(root: str) -> list[str]:

@@ -378,6 +378,21 @@ def parse_mixture(spec: str, key: str = "data") -> list[tuple[str, float]] | Non
     return out
 
 
+def tokenizer_for_init(init: str, data: str, tokenizer: str, given: bool) -> str:
+    """The `tokenizer=` of a fine-tune (init=DIR) on raw text, for jaxpar and torchref alike: the
+    tokenizer DIR ships (tokenizer.json, or vocab.json + merges.txt) unless tokenizer= is `given`;
+    the byte default would feed a GPT-2 ids it never saw. A DIR with weights only keeps
+    `tokenizer` (the printed and saved config shows which); prepared data brings its own ids."""
+    if not init or given or (data and is_prepared(data)) or parse_mixture(data) is not None:
+        return tokenizer
+    from gpt2common import hf
+
+    d = hf.cached_snapshot(init) or init
+    if not os.path.isfile(os.path.join(d, "model.safetensors")):
+        return tokenizer  # no HF weights: init= itself is refused, with its reason, when they are read
+    return os.path.abspath(d) if has_tokenizer(d) else tokenizer
+
+
 def _clear_prepared(d: str) -> None:
     """Remove what a prepare wrote into `d` (meta.json first: no reader takes it half-removed)."""
     if not os.path.isdir(d):

@@ -166,7 +166,13 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # gpt2, openai
 
 
 def hub_cache_dir() -> str:
-    """Where `cached_snapshot` looks (HF_HUB_CACHE, else HF_HOME/hub)."""
+    """Where `cached_snapshot` looks: huggingface_hub's cache dir (HF_HUB_CACHE, else HF_HOME/hub)."""
+    try:
+        from huggingface_hub import constants
+
+        return constants.HF_HUB_CACHE
+    except ImportError:
+        pass
     home = os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface"))
     return os.environ.get("HF_HUB_CACHE", os.path.join(home, "hub"))
 

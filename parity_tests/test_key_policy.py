@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from gpt2common import hf
 from jaxpar import config as C
 from jaxpar.config import ConfigError
 from torchref.config import resolve_ref
@@ -148,7 +149,6 @@ def test_invalid_held_values_give_jaxpars_error(arg):
 
 
 def test_precision_and_init_policies(tmp_path):
-    from gpt2common import hf
     from gpt2common.init import init_params
     from jaxpar.run.rundir import resolve_train
 
@@ -164,7 +164,9 @@ def test_precision_and_init_policies(tmp_path):
         resolve_train(C.parse_kv(TINY + ["init=some/hf_dir"]), None)
     with pytest.raises(ConfigError) as got:
         resolve_ref(TINY + ["init=some/hf_dir"])
-    assert str(got.value) == str(want.value) == "init='some/hf_dir' is not an HF save_pretrained dir (no config.json)"
+    assert str(got.value) == str(want.value) == (
+        f"init='some/hf_dir' is no dir, nor a model in the local HF cache ({hf.hub_cache_dir()}); jaxpar never "
+        "downloads: fetch it first (huggingface-cli download some/hf_dir)")
 
 
 # Mirrored / same-math keys the property test does not draw, and where they are checked instead.
@@ -191,7 +193,6 @@ def test_init_weights_set_the_model_in_both_with_the_same_error(tmp_path, capsys
     """torchref train init=<HF dir> model.n_layer=4 trained the dir's 2 layers without a word, and
     with the default train.seq_len=256 beside weights of n_positions=128 a worker died of an
     IndexError in the position embedding. Both CLIs now print the same line, nothing written."""
-    from gpt2common import hf
     from gpt2common.init import init_params
     from jaxpar import cli as jaxpar_cli
     from torchref import cli as torchref_cli
@@ -213,7 +214,6 @@ def test_init_by_a_cached_hub_name_and_a_missing_init_in_both(tmp_path, monkeypa
     same line from both CLIs, naming the key."""
     import huggingface_hub.constants
 
-    from gpt2common import hf
     from gpt2common.init import init_params
     from jaxpar import cli as jaxpar_cli
     from torchref import cli as torchref_cli
@@ -230,5 +230,7 @@ def test_init_by_a_cached_hub_name_and_a_missing_init_in_both(tmp_path, monkeypa
     assert job.cfg.model == mc
     for cli, extra in ((jaxpar_cli, []), (torchref_cli, ["strategy=single"])):
         assert cli.main(["train", *extra, "init=someorg/not-cached", "out=none"]) == 2
-        assert capsys.readouterr().err == "error: init='someorg/not-cached' is not an HF save_pretrained dir (no config.json)\n"
+        assert capsys.readouterr().err == (
+            f"error: init='someorg/not-cached' is no dir, nor a model in the local HF cache ({hf.hub_cache_dir()}); "
+            "jaxpar never downloads: fetch it first (huggingface-cli download someorg/not-cached)\n")
     assert not (tmp_path / "none").exists()

@@ -201,6 +201,10 @@ def resolve_ref(args: list[str], config_file: str | None = None) -> tuple[RunCon
     # model keys beside init= that disagree with its weights: refused as `jaxpar train` refuses them
     check_init_model_keys(theirs, lambda weights, kv: apply_run_overrides(RunConfig(model=weights), kv)[0].model)
     cfg, ignored = apply_run_overrides(RunConfig(), theirs)
+    from gpt2common.data import tokenizer_for_init
+
+    # raw text of a fine-tune: init's own tokenizer, as `jaxpar train` (jaxpar/run/rundir.py)
+    cfg = replace(cfg, tokenizer=tokenizer_for_init(cfg.init, cfg.data, cfg.tokenizer, "tokenizer" in theirs))
     validate_run(cfg)
     cfg = replace(cfg, precision="bf16" if ref.is_amp and ref.amp.dtype == "bf16" else "fp32")
     validate_ref(cfg, ref)

@@ -130,23 +130,12 @@ def _vocab_from_data(cfg: Config, given: dict) -> Config:
 
 
 def _tokenizer_from_init(cfg: Config, given: dict) -> Config:
-    """A fine-tune (init=DIR) on raw text tokenizes with the tokenizer DIR ships (tokenizer.json,
-    or vocab.json + merges.txt), unless tokenizer= is given: the byte default would feed a GPT-2
-    ids it never saw. Recorded in config.json, so a resume tokenizes alike. A DIR without one
-    (weights only) keeps the byte default, with a warning."""
+    """init=DIR's own tokenizer for raw text (gpt2common.data.tokenizer_for_init), recorded in
+    config.json, so a resume tokenizes alike."""
     from gpt2common import data as data_lib
-    from gpt2common import hf
 
-    if not cfg.init or "tokenizer" in given or (cfg.data and data_lib.is_prepared(cfg.data)):
-        return cfg
-    d = hf.cached_snapshot(cfg.init) or cfg.init
-    if not os.path.isfile(os.path.join(d, "model.safetensors")):
-        return cfg  # no HF weights: init= itself is refused, with its reason, when they are read
-    if not data_lib.has_tokenizer(d):
-        print(f"warning: init={cfg.init!r} ships no tokenizer (tokenizer.json, or vocab.json + merges.txt): "
-              f"data={cfg.data or data_lib.BUILTIN_CORPUS!r} is tokenized with tokenizer={cfg.tokenizer}", file=sys.stderr)
-        return cfg
-    return dataclasses.replace(cfg, tokenizer=os.path.abspath(d))
+    tok = data_lib.tokenizer_for_init(cfg.init, cfg.data, cfg.tokenizer, "tokenizer" in given)
+    return cfg if tok == cfg.tokenizer else dataclasses.replace(cfg, tokenizer=tok)
 
 
 def resolve_train(kv: dict, config_file: str | None, writer: bool = True) -> Config:

@@ -227,9 +227,9 @@ def test_bad_input_is_one_line_and_nothing_is_written(corpus, tmp_path):
     assert _refused(["val_fraction=1"], tmp_path) == "error: val_fraction=1.0 must be in (0, 1)\n"
 
 
-def test_a_fine_tune_tokenizes_with_the_tokenizer_its_init_dir_ships(corpus, tmp_path, capsys):
+def test_a_fine_tune_tokenizes_with_the_tokenizer_its_init_dir_ships(corpus, tmp_path):
     """`train init=EXPORT data=text.txt`: the export's tokenizer.json (jaxpar's own export format),
-    not the byte default; tokenizer= given keeps its value; a dir with weights only warns."""
+    not the byte default, in jaxpar and torchref; tokenizer= given keeps its value."""
     from gpt2common import hf, hf_tokenizer
     from gpt2common.init import init_params
     from gpt2common.model import ModelConfig
@@ -246,6 +246,9 @@ def test_a_fine_tune_tokenizes_with_the_tokenizer_its_init_dir_ships(corpus, tmp
     cfg = resolve_train({"init": str(export), "data": str(tmp_path / "t.txt"), "out": str(tmp_path / "run")}, None,
                         writer=False)
     assert cfg.tokenizer == str(export)
+    from torchref.config import resolve_ref
+
+    assert resolve_ref([f"init={export}", f"data={tmp_path / 't.txt'}", "strategy=single"])[0].tokenizer == str(export)
     d = data.resolve_data(cfg.data, cfg.tokenizer, cfg.out, 8, cfg.model.vocab_size)
     ids = _split_ids(tmp_path / "run" / "data", "train") + _split_ids(tmp_path / "run" / "data", "val")
     assert ids == hfk.encode(text, add_special_tokens=False).ids + [hfk.token_to_id("<|endoftext|>")]
@@ -253,12 +256,9 @@ def test_a_fine_tune_tokenizes_with_the_tokenizer_its_init_dir_ships(corpus, tmp
     given = resolve_train({"init": str(export), "data": str(tmp_path / "t.txt"), "tokenizer": "byte",
                            "out": str(tmp_path / "r2")}, None, writer=False)
     assert given.tokenizer == "byte"
-    bare = tmp_path / "bare"
+    bare = tmp_path / "bare"  # weights only: the byte default stays
     hf.save_hf(str(bare), mc, init_params(mc, seed=0))
-    capsys.readouterr()
     assert resolve_train({"init": str(bare), "out": str(tmp_path / "r3")}, None, writer=False).tokenizer == "byte"
-    assert capsys.readouterr().err == (f"warning: init={str(bare)!r} ships no tokenizer (tokenizer.json, or vocab.json"
-                                       " + merges.txt): data='tinyshakespeare' is tokenized with tokenizer=byte\n")
 
 
 def test_a_mixture_draws_rows_in_its_weights_from_seed_and_step(tmp_path):
