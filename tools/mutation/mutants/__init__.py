@@ -4,6 +4,7 @@ change an observable result."""
 from dataclasses import dataclass
 
 from tools.mutation.mutants import gpt2common as _gpt2common
+from tools.mutation.mutants import habits as _habits
 from tools.mutation.mutants import jaxpar_root as _jaxpar_root
 from tools.mutation.mutants import models as _models
 from tools.mutation.mutants import parallel as _parallel
@@ -15,7 +16,7 @@ from tools.mutation.mutants import torchref as _torchref
 from tools.mutation.mutants.common import Mutant
 
 MUTANTS: list[Mutant] = [*_gpt2common.MUTANTS, *_jaxpar_root.MUTANTS, *_models.MUTANTS, *_parallel.MUTANTS,
-                          *_parity_tests.MUTANTS, *_planner.MUTANTS, *_run.MUTANTS, *_scripts.MUTANTS, *_torchref.MUTANTS]
+                          *_parity_tests.MUTANTS, *_habits.MUTANTS, *_planner.MUTANTS, *_run.MUTANTS, *_scripts.MUTANTS, *_torchref.MUTANTS]
 
 
 @dataclass(frozen=True)
