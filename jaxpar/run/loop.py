@@ -21,7 +21,7 @@ import numpy as np
 from gpt2common import data as data_lib
 from gpt2common import hf
 from gpt2common.outdir import hold
-from gpt2common.writes import WriteFailed, remedy, write_atomic
+from gpt2common.writes import WriteFailed, memory_line, remedy, write_atomic
 from jaxpar.config import Config, ConfigError, dumps, settings_of, validate
 from jaxpar.models import gpt2
 from jaxpar.parallel.layout import ParallelLayout
@@ -224,7 +224,10 @@ def _holding_out(out: str, is_main: bool):
 def _peer_lost(e: Exception) -> bool:
     """A failed collective (JaxRuntimeError), or gloo's failure inside a checkpoint save: orbax
     syncs the processes with an all-gather, whose `Connection reset by peer` reaches us as a
-    ValueError (a 40-line traceback before)."""
+    ValueError (a 40-line traceback before). Not an out-of-memory (gpt2common.writes.memory_line):
+    that is this process's own failure, said as such."""
+    if memory_line(e) is not None:
+        return False
     return isinstance(e, jax.errors.JaxRuntimeError) or "Gloo" in str(e)
 
 

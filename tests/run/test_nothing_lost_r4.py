@@ -308,3 +308,14 @@ def test_any_errno_and_out_of_memory_reach_the_cli_as_one_line(monkeypatch, caps
         monkeypatch.setattr(commands, "train", train)
         assert cli.main(["train"]) == 4
         assert capsys.readouterr().err == f"error: {line}\n"
+
+
+def test_out_of_memory_in_a_job_is_not_a_lost_peer():
+    """In a multi-process run an XLA RESOURCE_EXHAUSTED was taken for a failed collective and
+    reported as 'lost contact with its peers' (exit 3); it is the process's own out of memory."""
+    import jax
+
+    from jaxpar.run.loop import _peer_lost
+
+    assert not _peer_lost(jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 45 bytes."))
+    assert _peer_lost(jax.errors.JaxRuntimeError("UNAVAILABLE: Connection reset by peer"))
