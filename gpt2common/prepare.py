@@ -187,10 +187,12 @@ class _Progress:
         self.last = self.t0  # the first plain line after 10 s: a short prepare prints only its summary
         self.bar = None
         if not quiet and sys.stderr.isatty():
+            from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+            # stderr: stdout carries meta.json
             self.bar = Progress(TextColumn("prepare"), BarColumn(), TextColumn("{task.fields[what]}"),
-                                TimeRemainingColumn(), transient=True)
+                                TimeRemainingColumn(), transient=True, console=Console(stderr=True))
             self.bar.start()
             self.task = self.bar.add_task("", total=max(total_bytes, 1), what="")
 
