@@ -311,3 +311,21 @@ def test_a_tokenizer_by_hub_name_comes_from_the_local_cache_only(corpus, tmp_pat
         data.make_tokenizer("me/absent")
     assert str(e.value) == ("tokenizer='me/absent' must be byte, bpe, a tokenizer dir (tokenizer.json, or vocab.json "
                             f"+ merges.txt), a tokenizer.json, or a hub name in the local HF cache ({tmp_path / 'hub'})")
+
+
+def test_a_large_split_takes_its_largest_id_from_meta_and_a_small_one_is_read(tmp_path, monkeypatch):
+    """Dataset.open reads a split over SCAN_BYTES for nothing but its memmap (17 GB of OpenWebText are
+    not read at every start): meta.json's max_id stands for it; a small split is scanned (hand edits)."""
+    (tmp_path / "a.txt").write_bytes(b"abc" * 2000)
+    data.prepare_input(str(tmp_path / "a.txt"), tmp_path / "p", quiet=True)
+    ids = np.fromfile(tmp_path / "p" / "train.bin", "<u2")
+    ids[7] = 300  # past the vocab, behind meta.json's back
+    ids.tofile(tmp_path / "p" / "train.bin")
+    with pytest.raises(ConfigError) as e:
+        data.Dataset.open(str(tmp_path / "p"), 256, 8)
+    assert str(e.value) == f"train.bin in {str(tmp_path / 'p')!r} holds token id 300 >= model.vocab_size=256"
+    monkeypatch.setattr(data, "SCAN_BYTES", 5000)  # train: 10,800 bytes, "large"; val: 1,200
+    reads = []
+    monkeypatch.setattr(np.memmap, "max", lambda self, *a, **k: reads.append(1) or np.ndarray.max(self, *a, **k))
+    assert data.Dataset.open(str(tmp_path / "p"), 256, 8).vocab_size == 256  # meta's max_id: 99 ('c')
+    assert reads == [1]  # val only
