@@ -5,8 +5,10 @@ A run description is one string (`jaxpar.run.options.BisectOptions` has the gram
   jaxpar KEY=VALUE...                       any `jaxpar train` key, mesh.* / pipeline.* included
   torchref strategy=single [KEY=VALUE...]   torchref's model and optimizer mirror (one process)
   hf=DIR [KEY=VALUE...]                     transformers' GPT2LMHeadModel.from_pretrained(DIR)
-Both sides start from one set of weights: DIR's when a side is hf=DIR (its shape; model keys are
-refused), else `gpt2common.init.init_params(model, seed)`; and see one batch: (B, T+1) ids drawn by
+Both sides start from one set of weights: DIR's when a side is hf=DIR (its shape: a model key beside it
+that sets another shape is refused, naming it, as `train init=` does), else
+`gpt2common.init.init_params(model, seed)`; the sides may differ in the model keys that set no shape
+(model.layer_norm_epsilon, model.attention: compared, it is what bisect locates); and see one batch: (B, T+1) ids drawn by
 numpy's default_rng(seed) (B, T = train.batch_size, train.seq_len; bisect's defaults 8 and 32, with
 precision=fp32 and train.warmup_steps=0 unless a side sets them).
 
@@ -41,6 +43,9 @@ BASE = C.Config(precision="fp32", train=dataclasses.replace(C.TrainConfig(), bat
                                                             warmup_steps=0))
 TORCH_KEYS = ("model", "model.", "seed", "train.")  # what a torchref / hf side may set
 SIDE_KEYS = ("hf", "strategy")  # a side's own keys, not config keys: given once
+# The model keys the shared weights fix: both sides must agree on them (and with an hf=DIR side's weights).
+# The others (layer_norm_epsilon, attention; dropout must be 0) are each side's own, and compared.
+SHAPE_KEYS = ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions")
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,21 @@ def _resolve(label: str, text: str, kv: dict, base: C.Config) -> C.Config:
     return cfg
 
 
+def _check_shape_keys(label: str, text: str, kv: dict, mine, weights, hf_dir: str) -> None:
+    """Refuse a side whose model keys (a preset, model.*) set another shape than the hf=DIR weights
+    both sides start from, naming the keys, as `train init=` does (gpt2common.hf.check_init_model_keys);
+    keys that agree, or set no shape, pass."""
+    differ = [f for f in SHAPE_KEYS if getattr(mine, f) != getattr(weights, f)]
+    if not differ:
+        return
+    shown = [f"model.{f}={getattr(mine, f)}" for f in differ if f"model.{f}" in kv]
+    if "model" in kv and len(shown) < len(differ):  # the rest comes from the preset
+        shown.insert(0, f"model={kv['model']}")
+    theirs = ", ".join(f"{f}={getattr(weights, f)}" for f in differ)
+    raise ConfigError(f"{label}={text!r}: model keys conflict with hf={hf_dir!r}, whose weights set the model's "
+                      f"shape: {', '.join(shown)} (the weights have {theirs})")
+
+
 def resolve_sides(a_text: str, b_text: str) -> tuple[Side, Side, dict]:
     """The two sides and the weights both start from (jaxpar's nested params, numpy fp32)."""
     from gpt2common import hf
@@ -121,12 +141,13 @@ def resolve_sides(a_text: str, b_text: str) -> tuple[Side, Side, dict]:
             if bad:
                 raise ConfigError(f"{lab}={txt!r}: key(s) {', '.join(bad)} are jaxpar's; a {kind} side takes "
                                   "model, model.*, seed and train.*")
-        if hf_dirs and any(k == "model" or k.startswith("model.") for k in kv):
-            raise ConfigError(f"{lab}={txt!r}: model keys conflict with hf={next(iter(hf_dirs.values()))!r}, "
-                              "whose weights set the model")
-        sides.append(Side(lab, txt, kind, _resolve(lab, txt, kv, base), hf_dir))
+        cfg = _resolve(lab, txt, kv, base)
+        if hf_dirs:
+            _check_shape_keys(lab, txt, kv, cfg.model, base.model, next(iter(hf_dirs.values())))
+        sides.append(Side(lab, txt, kind, cfg, hf_dir))
     a, b = sides
-    for what, get in (("model", lambda c: c.model), ("seed", lambda c: c.seed),
+    shape = [(f"model.{f}", lambda c, f=f: getattr(c.model, f)) for f in SHAPE_KEYS]
+    for what, get in (*shape, ("seed", lambda c: c.seed),
                       ("train.batch_size", lambda c: c.train.batch_size), ("train.seq_len", lambda c: c.train.seq_len)):
         if get(a.cfg) != get(b.cfg):
             raise ConfigError(f"a and b must start from the same weights and batch: {what} is {get(a.cfg)} in "
@@ -212,8 +233,10 @@ def run_side(side: Side, params: dict, x: np.ndarray, y: np.ndarray) -> dict:
     else:
         from transformers import GPT2LMHeadModel
 
-        # dropout is the run's (0), not the dir's resid/embd/attn_pdrop: as jaxpar's init= does
-        model = GPT2LMHeadModel.from_pretrained(side.hf_dir, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        # dropout is the run's (0), not the dir's resid/embd/attn_pdrop: as jaxpar's init= does; the epsilon
+        # is the side's (the dir's unless the side sets model.layer_norm_epsilon)
+        model = GPT2LMHeadModel.from_pretrained(side.hf_dir, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                                layer_norm_epsilon=mc.layer_norm_epsilon)
         model.train()
     return train_step(model, mc.n_layer, x, y, train)
 
