@@ -324,6 +324,9 @@ def _prepared_for(data: str, tokenizer: str, workdir: str) -> str | None:
         return data
     if data and os.path.isdir(data) and os.path.exists(os.path.join(data, "meta.json")):
         raise ConfigError(f"data={data!r} has meta.json but no train.bin")
+    if data and os.path.isfile(os.path.join(data, "prepare.progress.json")):
+        raise ConfigError(f"data={data!r} is an unfinished prepare (no meta.json yet): run the same jaxpar prepare "
+                          "again to finish it")
     target = os.path.join(workdir, "data")
     if is_prepared(target):
         meta = read_meta(target)

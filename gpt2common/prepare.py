@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections import deque
@@ -73,6 +75,8 @@ _W: dict = {}
 
 def _init(tok_json: str | None, eot: int | None, sep: str) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker: `workers` is the parallelism
+    if multiprocessing.parent_process() is not None:  # a pool worker: Ctrl-C is the parent's to handle
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     hf = None
     if tok_json is not None:
         from tokenizers import Tokenizer
@@ -111,8 +115,7 @@ def _ordered(tasks, workers: int, init_args):
         _init(*init_args)
         yield from map(_encode_task, tasks)
         return
-    import multiprocessing as mp
-
+    mp = multiprocessing
     # spawn: the parent may hold JAX's threads, which fork would copy mid-state
     with mp.get_context("spawn").Pool(workers, initializer=_init, initargs=init_args) as pool:
         pending: deque = deque()

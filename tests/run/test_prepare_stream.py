@@ -104,6 +104,10 @@ def test_workers_and_an_interrupted_prepare_give_the_same_bytes(corpus, tmp_path
         data.prepare_input(str(d / "c.jsonl"), tmp_path / "k", **kw)
     assert not (tmp_path / "k" / "meta.json").exists() and (tmp_path / "k" / pp.PROGRESS).exists()
     assert not data.is_prepared(str(tmp_path / "k"))
+    with pytest.raises(ConfigError) as e:  # nothing a run takes
+        data.resolve_data(str(tmp_path / "k"), "byte", str(tmp_path / "run"))
+    assert str(e.value) == (f"data={str(tmp_path / 'k')!r} is an unfinished prepare (no meta.json yet): run the same "
+                            "jaxpar prepare again to finish it")
     monkeypatch.setattr(pp._Shards, "close", real)
     with pytest.raises(ConfigError) as e:  # other settings: refused, nothing touched
         data.prepare_input(str(d / "c.jsonl"), tmp_path / "k", **{**kw, "shard_tokens": 401})
