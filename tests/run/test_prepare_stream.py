@@ -333,3 +333,21 @@ def test_a_large_split_takes_its_largest_id_from_meta_and_a_small_one_is_read(tm
     monkeypatch.setattr(np.memmap, "max", lambda self, *a, **k: reads.append(1) or np.ndarray.max(self, *a, **k))
     assert data.Dataset.open(str(tmp_path / "p"), 256, 8).vocab_size == 256  # meta's max_id: 99 ('c')
     assert reads == [1]  # val only
+
+
+def test_a_vocab_past_uint16_is_written_and_read_as_uint32(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(70_000)}
+    vocab["<|endoftext|>"] = 70_000
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "big.json"))
+    docs = ["w69999 w1 w65536", "w2 w3", "w65535 w7"]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    meta = data.prepare_input(str(tmp_path / "c.jsonl"), tmp_path / "p", str(tmp_path / "big.json"), quiet=True)
+    assert (meta["dtype"], meta["vocab_size"], meta["eot_id"]) == ("uint32", 70_001, 70_000)
+    assert _split_ids(tmp_path / "p", "train") == [69999, 1, 65536, 70000, 2, 3, 70000]  # the last doc: val
+    assert _split_ids(tmp_path / "p", "val") == [65535, 7, 70000]
+    ds = data.Dataset.open(str(tmp_path / "p"), 70_001, 2)
+    assert ds.train.dtype == np.dtype("<u4") and int(ds.train[2]) == 65536
