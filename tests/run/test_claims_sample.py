@@ -134,7 +134,7 @@ def test_sample_on_an_fsdp_mesh_equals_one_device(tmp_path, capsys):
     assert r.stdout == one and one.startswith("ab") and len(one.rstrip("\n")) > 2
 
 
-def _converted_run(tmp_path, vocab: int, tokenizer_vocab: int | None, nan_at: int | None = None):
+def _converted_run(tmp_path, vocab: int, tokenizer_vocab: int | None, nan_at: int | None = None, n_positions: int = 64):
     """An HF dir (tiny model, and GPT-2 tokenizer files when tokenizer_vocab is set) converted into a
     run; nan_at: that element of the final layer norm's bias is NaN."""
     from tokenizers import ByteLevelBPETokenizer
@@ -142,7 +142,7 @@ def _converted_run(tmp_path, vocab: int, tokenizer_vocab: int | None, nan_at: in
     from gpt2common import hf
     from jaxpar import cli
 
-    mc = ModelConfig(n_layer=1, n_embd=16, n_head=2, vocab_size=vocab, n_positions=64)
+    mc = ModelConfig(n_layer=1, n_embd=16, n_head=2, vocab_size=vocab, n_positions=n_positions)
     params = gpt2.init_params(mc, 0)
     if nan_at is not None:
         params["ln_f"]["bias"][nan_at] = np.nan
@@ -159,14 +159,23 @@ def _converted_run(tmp_path, vocab: int, tokenizer_vocab: int | None, nan_at: in
 def test_sample_a_converted_run_with_the_hf_dirs_tokenizer(tmp_path, capsys):
     """`jaxpar convert hf=DIR out=RUN` then `jaxpar sample checkpoint=RUN`: a converted run has no
     prepared data, so sample encodes with DIR's vocab.json + merges.txt (it used to stop with
-    "cannot find the tokenizer"). The greedy decode starts with the prompt, token for token."""
+    "cannot find the tokenizer"). The greedy decode starts with the prompt, token for token, and
+    passes the context: the CLI's window is n_positions (16), here unlike the vocab (512; gpt2-tiny
+    has 256 of both); it equals the library's generate, whose window
+    test_decode_past_n_positions_conditions_on_the_last_window checks against HF."""
+    from gpt2common import data
     from jaxpar import cli
 
-    run = _converted_run(tmp_path, 512, 300)
+    run = _converted_run(tmp_path, 512, 300, n_positions=16)
     capsys.readouterr()
-    assert cli.main(["sample", f"checkpoint={run}", "prompt=to be or", "max_new_tokens=5", "top_k=1"]) == 0
+    assert cli.main(["sample", f"checkpoint={run}", "prompt=to be or", "max_new_tokens=16", "top_k=1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("to be or") and len(out.rstrip("\n")) > len("to be or")
+    tok = data.load_gpt2_tokenizer_dir(str(tmp_path / "hf"))
+    prompt = tok.encode("to be or")
+    mc = ModelConfig(n_layer=1, n_embd=16, n_head=2, vocab_size=512, n_positions=16)
+    want = generate(Config(model=mc), gpt2.init_params(mc, 0), prompt, 16, 1.0, 1, seed=0)
+    assert len(want) > mc.n_positions and out == tok.decode(want) + "\n"
 
 
 def test_a_run_converted_from_a_relative_hf_dir_samples_from_another_directory(tmp_path, monkeypatch, capsys):

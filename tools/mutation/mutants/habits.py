@@ -88,4 +88,9 @@ MUTANTS: list[Mutant] = [
            "the exported tokenizer_config.json's model_max_length is the vocab (50257 for GPT-2), not the "
            "context: truncation no longer cuts at n_positions",
            (T + "run/test_hf_export.py::test_export_of_a_gpt2_tokenizer_run_carries_its_vocab_and_merges",)),
+    Mutant("sample_cli_window_is_vocab", "shapes", "jaxpar/run/sample.py",
+           "    W = min(cfg.model.n_positions, len(ids) + n)", "    W = min(cfg.model.vocab_size, len(ids) + n)",
+           "`jaxpar sample` sizes its window by the vocab: a decode past n_positions feeds the model more "
+           "positions than wpe holds",
+           (T + "run/test_claims_sample.py::test_sample_a_converted_run_with_the_hf_dirs_tokenizer",)),
 ]
