@@ -95,6 +95,31 @@ def host() -> dict:
             "cpus": len(os.sched_getaffinity(0)), "cpu_model": platform.processor() or platform.machine()}
 
 
+def table(rows: list[dict]) -> str:
+    """One line per row; jaxpar's rows give MB/s over nanoGPT's at the same size and workers."""
+    lines = [f"{'tool':8} {'MB':>6} {'workers':>7} {'s':>8} {'MB/s':>7} {'peak RSS MB':>12} {'vs nanoGPT':>10}"]
+    for r in rows:
+        peer = next((p for p in rows if p["tool"] == "nanogpt" and p["mb"] == r["mb"] and p["workers"] == r["workers"]), None)
+        ratio = f"{r['mb_s'] / peer['mb_s']:.2f}x" if peer and r["tool"] == "jaxpar" else ""
+        lines.append(f"{r['tool']:8} {r['mb']:>6} {r['workers']:>7} {r['s']:>8.1f} {r['mb_s']:>7.2f} "
+                     f"{r['peak_rss_mb']:>12.0f} {ratio:>10}")
+    return "\n".join(lines)
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per worker count, jaxpar's: time of the largest corpus over the smallest's (linear: the size
+    ratio), its largest peak RSS, and its MB/s over nanoGPT's at each size (absent without a peer)."""
+    out = {}
+    for w in sorted({r["workers"] for r in rows}):
+        by = {r["mb"]: r for r in rows if r["tool"] == "jaxpar" and r["workers"] == w}
+        peers = {r["mb"]: r for r in rows if r["tool"] == "nanogpt" and r["workers"] == w}
+        lo, hi = min(by), max(by)
+        out[f"workers={w}"] = {"time_ratio_largest_to_smallest": by[hi]["s"] / by[lo]["s"], "size_ratio": hi / lo,
+                               "peak_rss_mb_max": max(r["peak_rss_mb"] for r in by.values()),
+                               "mb_s_vs_nanogpt": {mb: by[mb]["mb_s"] / peers[mb]["mb_s"] for mb in by if mb in peers}}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[100, 300, 1000], help="corpus sizes in MB")
@@ -139,18 +164,8 @@ def main() -> None:
                     subprocess.run(["rm", "-rf", nb])
                 print(json.dumps(rows[-1]), file=sys.stderr)
             os.remove(f"{tmp}/c{mb}.jsonl")
-    print(f"{'tool':8} {'MB':>6} {'workers':>7} {'s':>8} {'MB/s':>7} {'peak RSS MB':>12} {'vs nanoGPT':>10}")
-    for r in rows:
-        peer = next((p for p in rows if p["tool"] == "nanogpt" and p["mb"] == r["mb"] and p["workers"] == r["workers"]), None)
-        ratio = f"{r['mb_s'] / peer['mb_s']:.2f}x" if peer and r["tool"] == "jaxpar" else ""
-        print(f"{r['tool']:8} {r['mb']:>6} {r['workers']:>7} {r['s']:>8.1f} {r['mb_s']:>7.2f} {r['peak_rss_mb']:>12.0f} {ratio:>10}")
-    j = [r for r in rows if r["tool"] == "jaxpar"]
-    summary = {}
-    for w in args.workers:
-        by = {r["mb"]: r for r in j if r["workers"] == w}
-        lo, hi = min(by), max(by)
-        summary[f"workers={w}"] = {"time_ratio_largest_to_smallest": by[hi]["s"] / by[lo]["s"], "size_ratio": hi / lo,
-                                   "peak_rss_mb_max": max(r["peak_rss_mb"] for r in by.values())}
+    print(table(rows))
+    summary = summarize(rows)
     print(json.dumps(summary, indent=1))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
