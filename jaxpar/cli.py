@@ -47,10 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     runs JAX's shutdown barrier, which waits for peers that wait on this process in turn, so a
     rank that failed at start (a CPU backend set-up refused by `ulimit -n`) printed its
     traceback and never exited, and its peers and the launcher waited forever."""
+    entry = argv is None  # the process's own entry (the `jaxpar` script, python -m): not a call from Python
     try:
         code = _main(argv)
     except BaseException as e:
-        if not _in_job():
+        if not (entry and _in_job()):
             raise
         if isinstance(e, SystemExit):
             code = e.code if isinstance(e.code, int) else 1
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     # A job's rank, or the process's own entry (argv None: the `jaxpar` script, python -m) that was
     # interrupted: out without the interpreter's teardown (JAX's shutdown barrier; XLA / torch
     # threads still running segfaulted it after "error: interrupted", exit 139 instead of 130).
-    if code and _in_job() or code == 130 and argv is None:
+    if entry and (code and _in_job() or code == 130):
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

@@ -42,8 +42,9 @@ def test_a_rank_that_fails_at_start_exits_at_once(rank, monkeypatch, capsys, rai
         raise raised
 
     monkeypatch.setattr(commands, "train", train)
+    monkeypatch.setattr("sys.argv", ["jaxpar", "train"])  # the process's entry: main() reads sys.argv
     with pytest.raises(_Exited) as e:
-        cli.main(["train"])
+        cli.main()
     assert e.value.code == code
     err = capsys.readouterr().err
     assert ("RuntimeError: CPU backend set-up: Too many open files" in err) == (code == 1)
@@ -57,11 +58,13 @@ def test_a_rank_refusing_its_input_exits_at_once_and_a_plain_process_returns(ran
         raise ConfigError("bad")
 
     monkeypatch.setattr(commands, "train", train)
+    monkeypatch.setattr("sys.argv", ["jaxpar", "train"])
     with pytest.raises(_Exited) as e:
-        cli.main(["train"])
+        cli.main()
     assert (e.value.code, capsys.readouterr().err) == (2, "error: bad\n")
+    assert cli.main(["train"]) == 2  # called from Python (in-process tests, a job's env or not): returns
     monkeypatch.delenv("JAXPAR_COORDINATOR")
-    assert cli.main(["train"]) == 2  # not a job: returns, as the in-process tests rely on
+    assert cli.main() == 2  # the process's entry, not a job: returns, sys.exit ends it
 
 
 @pytest.mark.parametrize("mesh,per", [({"data": -1}, 0), ({"data": -1, "tensor": 4}, 2),
