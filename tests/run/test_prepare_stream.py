@@ -160,9 +160,17 @@ def test_every_input_format_gives_the_same_documents(corpus, tmp_path, monkeypat
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "home" / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     data.prepare_input("me/tiny", tmp_path / "cache", **kw)
+    # and from the `datasets` library's Arrow cache (load_dataset's), when the hub has no snapshot
+    arrow = tmp_path / "dscache" / "me___arrowset" / "default" / "0.0.0" / "abc"
+    arrow.mkdir(parents=True)
+    for i in range(2):
+        (arrow / f"arrowset-train-0000{i}-of-00002.arrow").write_bytes(
+            (saved / f"data-{i:05d}-of-00002.arrow").read_bytes())
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "dscache"))
+    data.prepare_input("me/arrowset", tmp_path / "dscached", **kw)
     glob = data.prepare_input(f"{tmp_path / 'in'}/*.parquet,{tmp_path / 'in'}/*.jsonl.*", tmp_path / "glob", **kw)
     assert glob["documents"] == 40
-    for other in ("hf", "cache", "glob"):
+    for other in ("hf", "cache", "dscached", "glob"):
         for split in ("train", "val"):
             assert _split_ids(tmp_path / other, split) == _split_ids(tmp_path / "folder", split), (other, split)
 
