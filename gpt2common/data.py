@@ -240,40 +240,35 @@ def prepare_input(source: str, out_dir: str, tokenizer: str = "byte", text_key: 
 
     builtin = not source
     paths = [] if builtin else cs.input_paths(source, key)
-    if builtin:
-        docs_fn = lambda: iter([cs.Doc(BUILTIN_CORPUS, iter([builtin_text().encode("utf-8")]))])  # noqa: E731
-        total = len(builtin_text().encode("utf-8"))
-    total = total if builtin else sum(os.path.getsize(p) for p in paths)
-    spec = tokenizer
-    out = Path(out_dir)
-    if spec == "bpe" and (out / "tokenizer.json").exists() and (out / pp.PROGRESS).exists():
-        tok = Tokenizer("bpe", _saved_tokenizer(str(out)))  # continuing: the BPE trained before
-    elif spec == "bpe":
-        from gpt2common.segment import segments
+    text = builtin_text() if builtin else ""
 
-        def texts():
-            for d in (docs_fn() if builtin else cs.documents(paths, text_key)):
-                for seg in segments(d.pieces, None, 1 << 20):
-                    yield seg.decode("utf-8", errors="replace") if isinstance(seg, bytes) else seg
-        tok = train_bpe(texts())
+    def documents(raw: bool, warn=None):
+        if builtin:
+            return iter([cs.Doc(BUILTIN_CORPUS, iter([text.encode("utf-8") if raw else text]))])
+        return cs.documents(paths, text_key, raw=raw, warn=warn)
+
+    out = Path(out_dir)
+    if tokenizer == "bpe" and (out / "tokenizer.json").exists() and (out / pp.PROGRESS).exists():
+        tok = Tokenizer("bpe", _saved_tokenizer(str(out)))  # continuing: the BPE trained before
+    elif tokenizer == "bpe":  # one pass over the corpus first, in 1 MiB pieces
+        tok = train_bpe(piece for d in documents(raw=False) for piece in d.pieces)
     else:
-        tok = make_tokenizer(spec)
+        tok = make_tokenizer(tokenizer)
     if model_vocab is not None and tok.vocab_size > model_vocab:  # raw text for a run: say how it fits
         raise ConfigError(f"data vocab_size={tok.vocab_size} is larger than model.vocab_size={model_vocab} "
-                          f"(tokenizer={spec}): give model.vocab_size={tok.vocab_size}, or prepare the text first "
+                          f"(tokenizer={tokenizer}): give model.vocab_size={tok.vocab_size}, or prepare the text first "
                           "(jaxpar prepare), whose vocab a run then takes")
     _check_vocab(tok, None)
-    raw = tok._hf is None
-    if not builtin:
-        warned: set = set()
+    warned: set[str] = set()
 
-        def warn(m):
-            if m not in warned:
-                warned.add(m)
-                sys.stderr.write(f"warning: {m}\n")
-        docs_fn = lambda: cs.documents(paths, text_key, raw=raw, warn=warn)  # noqa: E731
-    elif not raw:
-        docs_fn = lambda: iter([cs.Doc(BUILTIN_CORPUS, iter([builtin_text()]))])  # noqa: E731
+    def warn(m: str) -> None:  # each warning once, though a continued run's BPE pass reads again
+        if m not in warned:
+            warned.add(m)
+            sys.stderr.write(f"warning: {m}\n")
+
+    raw = tok._hf is None  # the byte tokenizer takes a text file's bytes as they are
+    docs_fn = lambda: documents(raw, warn)  # noqa: E731
+    total = len(text.encode("utf-8")) if builtin else sum(os.path.getsize(p) for p in paths)
     single = builtin or cs.is_single_document(paths)
     st = pp.Settings(source=source or BUILTIN_CORPUS, tokenizer=tok.kind, text_key=text_key,
                      val_fraction=pp.VAL_FRACTION if val_fraction is None else val_fraction, seed=seed,
