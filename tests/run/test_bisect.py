@@ -1,7 +1,7 @@
 """`jaxpar bisect` (jaxpar.run.bisection): clean pairs flag nothing, and each planted bug is named at
 the first tensor it changes.
 
-One device, in this process: a small GPT-2 (2 layers, D=32, 2 heads, vocab 64, B=8, T=16). The
+One device, in this process: a small GPT-2 (2 layers, D=32, 4 heads, vocab 64, B=8, T=16). The
 torchref side is the shared reference (one run per module). The jaxpar sides run with jit
 disabled: every planted bug changes the program, and op by op the ops compiled for the first run
 serve every later one (a jitted side recompiles each time: ~4x slower over the 11 runs here); the
@@ -24,7 +24,8 @@ from jaxpar.models import gpt2, mixed_attention
 from jaxpar.run import bisection as bisect
 from jaxpar.run.bisect_compare import compare, forward_order, param_order, report
 
-SMALL = "model=gpt2-tiny model.n_embd=32 model.n_head=2 model.vocab_size=64 train.seq_len=16"
+# n_head 4 != n_layer 2 (a head count read for the layer count shows), B 8 != T 16
+SMALL = "model=gpt2-tiny model.n_embd=32 model.n_head=4 model.vocab_size=64 train.seq_len=16"
 JAX = f"jaxpar {SMALL}"
 REF = f"torchref strategy=single {SMALL}"
 
@@ -254,7 +255,7 @@ def test_main_prints_the_table_and_exits_1_at_the_first_tensor_over(tmp_path, re
     rows = {ln.split()[0]: ln.split()[1:] for ln in lines[4:-1]}
     assert list(rows) == [n for n in forward_order(2) if "scores" not in n] + [
         f"{k}/{n}" for k in ("grad", "adam.mu", "adam.nu", "update") for n in param_order(2)[::-1]]
-    assert rows["transformer.h.0.attn.attn_weights"][0] == "8x2x16x16" and rows["lm_head"][0] == "8x16x64"
+    assert rows["transformer.h.0.attn.attn_weights"][0] == "8x4x16x16" and rows["lm_head"][0] == "8x16x64"
     assert rows["transformer.h.0.attn.attn_weights"][1:] == ["0.00e+00", "0.00e+00", "3.00e-06", "ok"]
     over = [name for name, cols in rows.items() if cols[-1] == "OVER"]
     assert over[0] == "update/transformer.ln_f.bias" and all(n.startswith("update/") for n in over)

@@ -88,6 +88,10 @@ MUTANTS: list[Mutant] = [
            "the exported tokenizer_config.json's model_max_length is the vocab (50257 for GPT-2), not the "
            "context: truncation no longer cuts at n_positions",
            (T + "run/test_hf_export.py::test_export_of_a_gpt2_tokenizer_run_carries_its_vocab_and_merges",)),
+    Mutant("bisect_layers_from_heads", "shapes", "jaxpar/run/bisect_compare.py",
+           "    L = cfg_b.model.n_layer\n", "    L = cfg_b.model.n_head\n",
+           "bisect walks n_head layers: rows of missing layers, or layers never compared",
+           (BISECT + "::test_clean_jaxpar_vs_torchref_flags_nothing_and_lines_up_every_name",)),
     Mutant("sample_cli_window_is_vocab", "shapes", "jaxpar/run/sample.py",
            "    W = min(cfg.model.n_positions, len(ids) + n)", "    W = min(cfg.model.vocab_size, len(ids) + n)",
            "`jaxpar sample` sizes its window by the vocab: a decode past n_positions feeds the model more "
