@@ -3,6 +3,7 @@ resolved config is identical), and it holds settings only, not what one start di
 dry_run, plan). The YAML examples under examples/configs resolve as they are."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -82,6 +83,7 @@ def test_a_run_on_a_relative_data_path_resumes_and_evaluates_from_another_direct
 
 
 EXAMPLES = sorted((ROOT / "examples" / "configs").glob("*.yaml"))
+README_OUTS = set(re.findall(r"\bout=(runs/[\w.-]+)", (ROOT / "README.md").read_text()))  # runs/tiny, ...
 
 
 def test_there_is_one_example_per_journey():
@@ -97,4 +99,5 @@ def test_example_config_resolves_and_every_key_is_commented(path):
     for i, ln in enumerate(lines):
         if ln.strip() and not ln.lstrip().startswith("#") and not ln.rstrip().endswith(":"):
             assert "#" in ln or lines[i - 1].lstrip().startswith("#"), (path.name, ln)
-    assert cfg.out == f"runs/{path.stem}"
+    # its own run dir: not one the README's commands write (a second new run there is refused)
+    assert cfg.out.startswith(f"runs/{path.stem}") and cfg.out not in README_OUTS, (cfg.out, README_OUTS)
