@@ -126,7 +126,9 @@ def _weight_grad(spec: str, a, g, a_cost: float = 1):
     the dot as a dim-0-contracting LHS, which YNNPACK rejects (fp32 then runs in Eigen; bf16 fails
     at run time: "Unsupported element type for DotThunk"). Same products, summed in another order
     by YNNPACK's blocking: fp32 within 4.4e-7 of the largest entry, bf16 operands bit-identical
-    there (tests/models/test_weight_grad.py).
+    there (tests/models/test_weight_grad.py). jax 0.12's XLA lowers the result transpose at a jit's
+    output as a `transpose` op + copy (jax 0.10: bitcast + copy), one more pass over F*D elements
+    there only; inside the training step both compile the same transposes and copies.
     Assumes the contracted dims lead in both operands ((B, T, ...)), as in every model matmul.
     """
     ins, w = spec.split("->")
