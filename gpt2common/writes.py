@@ -30,6 +30,7 @@ WRITE_FAILED_EXIT = 4  # also out of memory (memory_line): the machine refused a
 # Said "cannot write"; any other errno of a write is "cannot use" (write_errno takes every one).
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
 _TS_ERRNO = re.compile(r"os_error_code='?(\d+)")
+_XLA_OOM = re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory|bad_alloc")
 
 
 class WriteFailed(Exception):
@@ -47,6 +48,8 @@ def write_errno(e: BaseException) -> int | None:
         code = e.errno if isinstance(e, OSError) else errno.ENOMEM if isinstance(e, MemoryError) else None
         if code is None and (m := _TS_ERRNO.search(str(e))):
             code = int(m.group(1))
+        if code is None and _XLA_OOM.search(str(e)):  # tensorstore's allocation failure under `ulimit -v`
+            code = errno.ENOMEM
         if code:
             return code
         e = e.__cause__ or e.__context__
@@ -73,9 +76,6 @@ def failure_line(e: BaseException) -> str | None:
     if isinstance(e, OSError) and (code := write_errno(e)) is not None:
         return f"cannot {'write' if code in WRITE_ERRNOS else 'use'} {e.filename or 'a file'}: {describe(code)}"
     return memory_line(e)
-
-
-_XLA_OOM = re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory")
 
 
 def memory_line(e: BaseException) -> str | None:

@@ -265,6 +265,7 @@ def test_a_state_of_skipped_steps_is_consistent_for_jaxpar(tmp_path):
     (PermissionError(13, "Permission denied", "/r/ckpt/4.orbax-checkpoint-tmp"), "Permission denied (errno 13)"),
     (ValueError("write failed [os_error_code='24']"), "Too many open files (errno 24)"),
     (MemoryError(), "Cannot allocate memory (errno 12)"),
+    (ValueError("RESOURCE_EXHAUSTED: Failed to allocate 4096 bytes"), "Cannot allocate memory (errno 12)"),
 ])
 def test_a_checkpoint_refused_for_any_errno_is_one_line_and_leaves_no_partial(tmp_path, raised, line):
     """EACCES on orbax's rename (write permission taken away mid-run), EMFILE (ulimit -n), an
