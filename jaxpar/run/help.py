@@ -121,6 +121,8 @@ BISECT_NOTES = [
     "[KEY=VALUE...]' or 'hf=DIR [KEY=VALUE...]'; torchref and hf sides take model, model.*, seed and train.*.",
     "Both start from the same weights (hf=DIR's, else the shared init of model and seed) and one batch of "
     "random ids (seed; train.batch_size=8, train.seq_len=32, train.warmup_steps=0, precision=fp32 unless given).",
+    "The sides agree on the model's shape (a model key that sets another shape than hf=DIR's weights is refused); "
+    "keys that set no shape (model.layer_norm_epsilon, model.attention) may differ, and are compared.",
     "Compared in model order: embeddings, each block's LayerNorms, attention probs and output, MLP pre/post "
     "activation, residual stream, logits, loss; then every gradient in backward order; then AdamW's moments and "
     "update. Names follow HF's module tree (transformer.h.0.attn.attn_weights, lm_head, ...).",
