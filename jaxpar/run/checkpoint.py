@@ -288,11 +288,15 @@ def _warn(msg: str) -> None:
 
 def _quarantine(run_dir: str, step: int) -> str:
     """Move an unreadable step out of ckpt/ (process 0), so the resumed run can write that step
-    again; the bytes are kept for inspection. Returns the new location."""
-    dst = os.path.join(run_dir, QUARANTINE_DIR, str(step))
+    again; the bytes are kept for inspection, and so are those of an earlier move of the same
+    step (`<step>.1`, `<step>.2`, ...: never removed, a later run did not create them). Returns
+    the new location (process 0's: the one the warning names)."""
+    dst = base = os.path.join(run_dir, QUARANTINE_DIR, str(step))
     if jax.process_index() == 0:
-        if os.path.exists(dst):
-            shutil.rmtree(dst)
+        n = 0
+        while os.path.lexists(dst):
+            n += 1
+            dst = f"{base}.{n}"
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         shutil.move(os.path.join(run_dir, CKPT_DIR, str(step)), dst)
     return dst

@@ -320,3 +320,18 @@ def test_out_of_memory_in_a_job_is_not_a_lost_peer():
 
     assert not _peer_lost(jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 45 bytes."))
     assert _peer_lost(jax.errors.JaxRuntimeError("UNAVAILABLE: Connection reset by peer"))
+
+
+def test_a_step_quarantined_again_keeps_the_earlier_copy(tmp_path):
+    """resume moves an unreadable step to ckpt.corrupt/<step> "for inspection"; a second bad copy
+    of the same step removed the first (rmtree of a dir an earlier run made)."""
+    from jaxpar.run.checkpoint import QUARANTINE_DIR, _quarantine
+
+    (tmp_path / QUARANTINE_DIR / "2").mkdir(parents=True)
+    (tmp_path / QUARANTINE_DIR / "2" / "old").write_text("first bad copy")
+    (tmp_path / "ckpt" / "2").mkdir(parents=True)
+    (tmp_path / "ckpt" / "2" / "new").write_text("second bad copy")
+    assert _quarantine(str(tmp_path), 2) == str(tmp_path / QUARANTINE_DIR / "2.1")
+    assert tree(tmp_path / QUARANTINE_DIR) == {"2": None, "2/old": b"first bad copy", "2.1": None,
+                                                "2.1/new": b"second bad copy"}
+    assert os.listdir(tmp_path / "ckpt") == []
