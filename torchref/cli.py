@@ -46,6 +46,7 @@ def _print_help(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    entry = argv is None  # the process's own entry (the `torchref` script, python -m): not a call from Python
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--version"]:
         from gpt2common.versions import version_line
@@ -95,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         return WRITE_FAILED_EXIT
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")
+        if entry:  # out without the interpreter's teardown, which torch's threads can crash (exit 139)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
         return 130
     return 0
 

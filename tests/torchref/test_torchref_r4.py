@@ -68,3 +68,26 @@ def test_a_start_refused_in_prepare_removes_what_it_created(tmp_path, monkeypatc
     assert main(["train", "model=gpt2-tiny", "strategy=single", f"out={out}"]) == 2
     assert capsys.readouterr().err == "error: refused late\n"
     assert os.listdir(tmp_path) == []
+
+
+def test_an_interrupted_torchref_process_leaves_with_130_without_teardown(monkeypatch, capsys):
+    """Ctrl-C: exit 130 by os._exit when torchref is the process (argv None), not a teardown under
+    torch's threads; a call from Python still returns 130."""
+    from torchref import launch
+
+    class Exited(Exception):
+        pass
+
+    def train(cfg, ref, on_start=None):
+        raise KeyboardInterrupt
+
+    def exit_(code):
+        raise Exited(code)
+
+    monkeypatch.setattr(launch, "train", train)
+    monkeypatch.setattr(os, "_exit", exit_)
+    monkeypatch.setattr("sys.argv", ["torchref", "train", "model=gpt2-tiny", "strategy=single"])
+    with pytest.raises(Exited) as e:
+        main()
+    assert e.value.args == (130,) and capsys.readouterr().err == "error: interrupted\n"
+    assert main(["train", "model=gpt2-tiny", "strategy=single"]) == 130
