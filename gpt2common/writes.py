@@ -140,14 +140,18 @@ def write_atomic(path, data: str | bytes) -> None:
 @contextlib.contextmanager
 def refused_write(path, step: int | None = None):
     """Writes to `path` inside: a storage OSError becomes WriteFailed naming `path` (and the
-    run's `step`, when given); any other error passes unchanged."""
+    run's `step`, when given); any other error passes unchanged. At a step (mid-run) every errno
+    is the storage's (a permission taken away, EMFILE); without one only WRITE_ERRNOS: a path
+    that cannot be written at all (ENOENT, EACCES on an output the user named) is the caller's to
+    refuse as bad input, or the CLI's one `cannot use` line."""
     try:
         yield
     except OSError as e:
-        if (code := write_errno(e)) is None:
+        if (code := write_errno(e)) is None or step is None and code not in WRITE_ERRNOS:
             raise
         at = "" if step is None else f"step {step}: "
-        raise WriteFailed(f"{at}cannot write {os.fspath(path)}: {describe(code)}") from None
+        verb = "write" if code in WRITE_ERRNOS else "use"
+        raise WriteFailed(f"{at}cannot {verb} {os.fspath(path)}: {describe(code)}") from None
 
 
 def silence_orphaned_writes() -> None:

@@ -335,3 +335,18 @@ def test_a_step_quarantined_again_keeps_the_earlier_copy(tmp_path):
     assert tree(tmp_path / QUARANTINE_DIR) == {"2": None, "2/old": b"first bad copy", "2.1": None,
                                                 "2.1/new": b"second bad copy"}
     assert os.listdir(tmp_path / "ckpt") == []
+
+
+def test_a_metrics_write_refused_mid_run_for_any_errno_is_write_failed():
+    """At a step every errno is the storage's refusal (exit 4 with the checkpoint hint); without a
+    step (an output path the user named) only a full disk, quota, size limit, read-only or I/O
+    error is: the rest stays an OSError for the caller (plot's `out=... cannot be written`)."""
+    import errno
+
+    from gpt2common.writes import WriteFailed, refused_write
+
+    with pytest.raises(WriteFailed) as e, refused_write("/r/metrics.jsonl", 7):
+        raise PermissionError(errno.EACCES, "Permission denied")
+    assert str(e.value) == "step 7: cannot use /r/metrics.jsonl: Permission denied (errno 13)"
+    with pytest.raises(PermissionError), refused_write("/r/curves.png"):
+        raise PermissionError(errno.EACCES, "Permission denied")
