@@ -118,7 +118,8 @@ def test_export_of_a_gpt2_tokenizer_run_carries_its_vocab_and_merges(tmp_path):
 
 
 def test_prepared_bpe_tokenizer_is_exported_as_the_run_used_it(tmp_path):
-    """tokenizer=bpe (trained by prepare): the prepared dir's tokenizer.json goes along."""
+    """tokenizer=bpe (trained by prepare, with <|endoftext|> to end documents): the prepared dir's
+    tokenizer.json goes along, and <|endoftext|> is its eos token (GPT-2's convention)."""
     meta = data_lib.prepare(PANGRAM * 40, str(tmp_path / "data"), "bpe")
     ours = data_lib.load_tokenizer(str(tmp_path / "data"))
     (tmp_path / "hf").mkdir()
@@ -126,7 +127,8 @@ def test_prepared_bpe_tokenizer_is_exported_as_the_run_used_it(tmp_path):
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert len(tok) == meta["vocab_size"] == ours.vocab_size
     ids = ours.encode(PANGRAM * 2).tolist()
-    assert tok(PANGRAM * 2).input_ids == ids and tok.decode(ids) == PANGRAM * 2 and tok.eos_token is None
+    assert tok(PANGRAM * 2).input_ids == ids and tok.decode(ids) == PANGRAM * 2
+    assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == ours.hf_tokenizer().token_to_id("<|endoftext|>")
 
 
 def test_a_run_without_a_tokenizer_exports_the_model_and_says_so(tmp_path, capsys):
