@@ -1,5 +1,5 @@
 """The layer partition of L equal layers (the planner's, for every pipelined candidate) is the
-closed form `_even`, not the O(S·L²) dynamic programme (issue 45, item 7: a plan of 3,000 layers
+closed form `_even`, not the O(S·L²) dynamic programme (a plan of 3,000 layers
 ran for minutes, 1,000 layers 6 s). Reference: the DP itself, run here on every small case."""
 
 from __future__ import annotations

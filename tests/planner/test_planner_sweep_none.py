@@ -1,4 +1,4 @@
-"""`jaxpar plan sweep=` where no device count has a plan (issue 45, item 17): one line, exit 2,
+"""`jaxpar plan sweep=` where no device count has a plan: one line, exit 2,
 nothing written (it was matplotlib's ValueError on an empty plot). In-process, ~0.1 s."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`jaxpar bisect` sizes its batch before it allocates (issue 45, item 6): a batch whose
+"""`jaxpar bisect` sizes its batch before it allocates: a batch whose
 intermediates cannot fit the host is one line, exit 2, before JAX starts. In-process.
 Reference: the byte count worked out by hand from the shapes in the docstring of bisect_bytes."""
 

@@ -274,7 +274,7 @@ def test_failure_line_names_the_file_of_a_storage_oserror_and_passes_the_rest_on
     full = OSError(errno.ENOSPC, "No space left on device", "/run/data/meta.json")
     assert failure_line(full) == "cannot write /run/data/meta.json: No space left on device (errno 28)"
     assert failure_line(OSError(errno.EDQUOT, "Disk quota exceeded")) == "cannot write a file: Disk quota exceeded (errno 122)"
-    # any errno of a write is the storage's refusal (issue 45): one line too, "use" for the rest
+    # any errno of a write is the storage's refusal: one line too, "use" for the rest
     assert failure_line(OSError(errno.EACCES, "Permission denied", "/run")) == "cannot use /run: Permission denied (errno 13)"
     assert failure_line(ValueError("no errno")) is None
     assert failure_line(WriteFailed("step 3: cannot write x: File too large (errno 27)")) == \

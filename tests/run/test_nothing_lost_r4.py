@@ -1,4 +1,4 @@
-"""Nothing lost, round 4 (issue 45): what a failed start removes, what a write may open, and the
+"""Nothing lost, round 4: what a failed start removes, what a write may open, and the
 whole-state check of `init_state=`. In-process, no training: the functions are called directly,
 races are forced by doing the other run's writes inside the failing run's context.
 

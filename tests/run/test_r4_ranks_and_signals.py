@@ -1,4 +1,4 @@
-"""Round 4 (issue 45): a rank that fails at start exits (item 5), Ctrl-C is exit 130 in every
+"""Round 4: a rank that fails at start exits (item 5), Ctrl-C is exit 130 in every
 command (item 14), launch's -1 mesh axis (item 19). In-process with the faults injected:
 os._exit and the commands are patched, so nothing here starts a job or a training.
 Reference: exit codes and lines written down by hand here."""

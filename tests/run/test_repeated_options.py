@@ -1,4 +1,4 @@
-"""One rule for an option given twice (issue 45, items 10-11): a config key takes its last value
+"""One rule for an option given twice: a config key takes its last value
 (`train $COMMON train.steps=10` overrides), every other option given twice is refused with one
 line naming the key and both values; a jaxpar bisect side's init= / init_state= is refused, not
 dropped. In-process, nothing runs. Reference: the messages written down by hand here."""

@@ -1,4 +1,4 @@
-"""Nothing lost, round 4 (issue 45), torchref's side: a restart never removes a killed run's
+"""Nothing lost, round 4, torchref's side: a restart never removes a killed run's
 states, and a start refused before any worker leaves nothing of an out it created. In-process,
 no training. Independent reference: file trees and messages written down by hand here."""
 
