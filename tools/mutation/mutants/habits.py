@@ -1,5 +1,5 @@
 """Mutants of the four test habits of docs/testing.md ("Four habits"), across the wings: the eight
-bugs that once passed the whole default suite (issue 46) and more of each class.
+bugs that once passed the whole default suite, and more of each class.
 
 Areas: `structure` (a switch that changes structure or memory but not numbers), `tables` (an entry
 of a table of settings, bounds or keys), `boundaries` (a race or a boundary: final steps, skipped
