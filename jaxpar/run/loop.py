@@ -343,7 +343,8 @@ def _train(cfg, trainer, ckpt, ds, initial, resume_step, restart, stop, is_main)
         now = time.perf_counter()
         dt, t_prev = now - t_prev, now
         loss, gnorm = float(host["loss"]), float(host["grad_norm"])
-        rec = {"step": n, "loss": loss, "grad_norm": gnorm, "lr": float(lrs[n - 1]),
+        # the lr step n's update applies: the schedule counts applied updates (a skipped step adds none)
+        rec = {"step": n, "loss": loss, "grad_norm": gnorm, "lr": float(lrs[n - 1 - skipped]),
                "tokens_per_s": tokens_per_step / dt, "step_time_s": dt,
                "flops_per_s": flops_tok * tokens_per_step / dt}
         if peak:

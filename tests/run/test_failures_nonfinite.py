@@ -18,6 +18,8 @@ import pytest
 from support.cli_helpers import run
 
 from jaxpar.run.loop import nonfinite_message
+from torchref.model import lr_at
+from torchref.run_config import TrainSettings
 
 TINY = ["model=gpt2-tiny", "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "train.seq_len=16",
         "train.batch_size=2", "train.eval_every=0", "progress=plain"]
@@ -76,6 +78,11 @@ def test_failed_run_restarts_in_place_and_skips_nonfinite_steps(stopped):
     assert n_same >= 1 and [x["loss"] for x in recs[:n_same + 1]] == [x["loss"] for x in first_recs[:n_same + 1]]
     count = 0
     for x in recs:
+        # each step's lr is the one its update applies: the schedule at the updates applied before
+        # it, not at step - 1 (a skipped step applies none). Reference: torchref's own schedule,
+        # over train.steps=4 before the resume and 6 after it.
+        want = lr_at(TrainSettings(steps=4 if x["step"] <= 4 else 6, lr=1e6, warmup_steps=0), x["step"] - 1 - count)
+        assert x["lr"] == pytest.approx(want, rel=1e-6), (x, count)
         count += bool(x.get("nonfinite"))
         assert x["nonfinite_skipped"] == count
     assert count >= 1 and recs[k - 1].get("nonfinite") and k <= 4  # a skip before the resume

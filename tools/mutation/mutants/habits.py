@@ -81,6 +81,11 @@ MUTANTS: list[Mutant] = [
            "        except FileNotFoundError:\n            same = True\n",
            "a starter whose lock file was unlinked under it holds that file: the path is free for the next run",
            (LOCK + "::test_a_release_between_a_starters_open_and_flock_leaves_the_starter_holding_the_path",)),
+    Mutant("logged_lr_ignores_skipped_steps", "boundaries", "jaxpar/run/loop.py",
+           '"lr": float(lrs[n - 1 - skipped]),', '"lr": float(lrs[n - 1]),',
+           "after a skipped non-finite step metrics.jsonl's lr is the schedule at step - 1, not at the "
+           "updates applied: every later line shows another lr than the one applied",
+           (T + "run/test_failures_nonfinite.py::test_failed_run_restarts_in_place_and_skips_nonfinite_steps",)),
     # ---- shapes
     Mutant("export_max_length_is_vocab", "shapes", "jaxpar/run/export.py",
            "save_tokenizer(to_hf, tok, cfg.model.n_positions, source_dir)",
