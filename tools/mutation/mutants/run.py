@@ -326,7 +326,7 @@ MUTANTS: list[Mutant] = [
            "re-creates it on the full disk (a real race under load, fixed)",
            (T + "run/test_failures_disk.py::test_a_failed_steps_partial_dir_stays_removed_when_a_late_write_recreates_it",)),
     Mutant("prepare_cli_accepts_empty_split", "data", "jaxpar/run/commands.py",
-           "                        min_tokens=2, key=\"input\")", "                        key=\"input\")",
+           "shard_tokens=shard_tokens, min_tokens=2, key=\"input\")", "shard_tokens=shard_tokens, key=\"input\")",
            "`jaxpar prepare` on a 1-byte input writes an empty train.bin (exit 0); the first run on it stops there",
            (T + "run/test_errors.py::test_prepare_refuses_text_too_short_for_two_splits",)),
     Mutant("inspect_counts_donated_state_twice", "inspect", "jaxpar/run/inspection.py",
