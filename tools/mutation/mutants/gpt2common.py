@@ -4,7 +4,7 @@ from tools.mutation.mutants.common import PROPS, Mutant, P, T
 
 MUTANTS: list[Mutant] = [
     Mutant("config_json_not_atomic", "failures-disk", "gpt2common/writes.py",
-           'tmp = path + ".tmp"', "tmp = path",
+           "tmp = temp_name(path)", "tmp = path",
            "a resume's config.json rewrite truncates the old one when the write fails",
            (T + "run/test_failures_disk.py" + "::test_a_config_that_cannot_be_rewritten_keeps_the_old_one",)),
     Mutant("data_prep_loses_errno", "failures-disk", "gpt2common/prepare.py",

@@ -278,7 +278,7 @@ MUTANTS: list[Mutant] = [
            "progress=plain with train.log_every not dividing train.steps never prints the final step's line",
            (T + "run/test_metrics_console.py",)),
     Mutant("metrics_file_truncated_on_resume", "checkpoint", "jaxpar/run/metrics.py",
-           'self.file = open(self.path, "a")', 'self.file = open(self.path, "w")',
+           "self.file = open_new(self.path, append=True)", "self.file = open_new(self.path, append=False)",
            "a resumed run's metrics.jsonl loses the lines of the steps before the resume",
            (RESUME, CLAIMS)),
     Mutant("metrics_tb_logs_step", "cli", "jaxpar/run/metrics.py",

@@ -4,7 +4,7 @@ from tools.mutation.mutants.common import PARITY_MODEL, PARITY_TRAIN, TR_STRAT, 
 
 MUTANTS: list[Mutant] = [
     Mutant("torchref_write_failed_traceback", "failures-disk", "torchref/cli.py",
-           "    except (WriteFailed, OSError) as e:", "    except OSError as e:",
+           "    except (WriteFailed, OSError, MemoryError) as e:", "    except (OSError, MemoryError) as e:",
            "torchref ends a refused write of its data or initial weights with a traceback",
            (T + "run/test_failures_disk.py" + "::test_torchref_initial_weights_that_cannot_be_written_are_one_error_line",)),
     Mutant("amp_always_fp16", "amp", "torchref/runtime.py",
@@ -253,7 +253,7 @@ MUTANTS: list[Mutant] = [
            "model=<preset> keeps model_name='gpt2': compare's title names the wrong preset",
            (T + "torchref/test_torchref_config.py", P + "test_key_policy.py", T + "torchref/test_torchref_compare.py")),
     Mutant("rank_log_appended", "torchref-launch", "torchref/worker.py",
-           "os.O_WRONLY | os.O_CREAT | os.O_TRUNC", "os.O_WRONLY | os.O_CREAT | os.O_APPEND",
+           "        fd = open_fd(log)  # a new file", "        fd = open_fd(log, True)  # a new file",
            "an mpiexec rank's log keeps the previous run's lines in a reused out dir (the failure tail names old errors)",
            (T + "torchref/test_torchref_worker.py", T + "torchref/test_failures_torchref.py")),
     Mutant("rank0_stdout_to_log", "torchref-launch", "torchref/worker.py",
