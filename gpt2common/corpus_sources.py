@@ -60,9 +60,7 @@ def _hf_cache_files(name: str) -> list[str] | None:
             return found
     except (ImportError, LocalEntryNotFoundError, ValueError, OSError):
         pass
-    home = os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface"))
-    cache = os.environ.get("HF_DATASETS_CACHE", os.path.join(home, "datasets"))
-    d = os.path.join(cache, name.replace("/", "___"))
+    d = os.path.join(_datasets_cache(), name.replace("/", "___"))
     if os.path.isdir(d):
         # datasets writes <name>/<config>/<version>/<hash>/<name>-train-0000N-of-0000M.arrow
         found = [f for f in _walk(d) if f.endswith(".arrow") and "-train" in os.path.basename(f)]
@@ -70,12 +68,18 @@ def _hf_cache_files(name: str) -> list[str] | None:
     return None
 
 
+def _datasets_cache() -> str:
+    """The `datasets` library's cache (HF_DATASETS_CACHE, else HF_HOME/datasets)."""
+    from gpt2common.hf import hf_home
+
+    return os.environ.get("HF_DATASETS_CACHE", os.path.join(hf_home(), "datasets"))
+
+
 def hf_cache_dirs() -> str:
     """Where a dataset name is looked for: the hub cache, then the `datasets` cache."""
     from gpt2common.hf import hub_cache_dir
 
-    home = os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface"))
-    return f"{hub_cache_dir()} and {os.environ.get('HF_DATASETS_CACHE', os.path.join(home, 'datasets'))}"
+    return f"{hub_cache_dir()} and {_datasets_cache()}"
 
 
 def _walk(root: str) -> list[str]:

@@ -24,7 +24,6 @@ from gpt2common.grammar import ConfigError
 from gpt2common.outdir import make_out
 
 BUILTIN_CORPUS = "tinyshakespeare"  # shipped gzipped inside the package; works offline
-VAL_FRACTION = 0.1
 BPE_VOCAB_SIZE = 4096
 
 
@@ -56,14 +55,7 @@ class Tokenizer:
             raw = text if isinstance(text, bytes) else text.encode("utf-8")
             return np.frombuffer(raw, dtype=np.uint8).astype(np.uint16)
         if isinstance(text, bytes):
-            try:
-                text = text.decode("utf-8")
-            except UnicodeDecodeError:
-                decoded = text.decode("utf-8", errors="replace")
-                bad = decoded.count("\ufffd") - text.decode("utf-8", errors="ignore").count("\ufffd")
-                sys.stderr.write(f"warning: {label or f'input={source!r}'} is not valid UTF-8 ({bad} undecodable sequences "
-                                 f"replaced by U+FFFD); tokenizer=byte would keep the raw bytes\n")
-                text = decoded
+            text = _decoded(text, label or f"input={source!r}")
         ids = self._hf.encode(text).ids
         return np.asarray(ids, dtype=np.uint16 if self.vocab_size <= 1 << 16 else np.uint32)
 
@@ -139,10 +131,10 @@ def make_tokenizer(spec: str, text: str | None = None, key: str = "tokenizer") -
 
     if (snap := cached_snapshot(spec)) is not None:
         return load_gpt2_tokenizer_dir(snap, key)
-    from gpt2common.corpus_sources import hf_cache_dirs
+    from gpt2common.hf import hub_cache_dir
 
     raise ConfigError(f"{key}={spec!r} must be byte, bpe, a tokenizer dir (tokenizer.json, or vocab.json + "
-                      f"merges.txt), a tokenizer.json, or a hub name in the local HF cache ({hf_cache_dirs().split(' and ')[0]})")
+                      f"merges.txt), a tokenizer.json, or a hub name in the local HF cache ({hub_cache_dir()})")
 
 
 def load_tokenizer(prepared_dir: str) -> Tokenizer:
@@ -181,7 +173,7 @@ def prepare(text: str | bytes, out_dir: str, tokenizer: str = "byte", source: st
                          and tokenizer == "bpe" else text)
     _check_vocab(tok, model_vocab)
     if tok._hf is not None and isinstance(text, bytes):
-        text = _decoded(text, source)
+        text = _decoded(text, f"input={source!r}")
     raw = text if tok._hf is not None or isinstance(text, bytes) else text.encode("utf-8")
     n = len(raw) if tok._hf is None else 0
     st = pp.Settings(source=source, tokenizer=tok.kind)
@@ -189,13 +181,14 @@ def prepare(text: str | bytes, out_dir: str, tokenizer: str = "byte", source: st
                      total_bytes=n, quiet=True, min_tokens=min_tokens, key=key)
 
 
-def _decoded(raw: bytes, source: str) -> str:
+def _decoded(raw: bytes, label: str) -> str:
+    """`raw` as UTF-8; invalid sequences become U+FFFD, with one warning naming `label` and how many."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         decoded = raw.decode("utf-8", errors="replace")
         bad = decoded.count("\ufffd") - raw.decode("utf-8", errors="ignore").count("\ufffd")
-        sys.stderr.write(f"warning: input={source!r} is not valid UTF-8 ({bad} undecodable sequences "
+        sys.stderr.write(f"warning: {label} is not valid UTF-8 ({bad} undecodable sequences "
                          f"replaced by U+FFFD); tokenizer=byte would keep the raw bytes\n")
         return decoded
 
@@ -204,7 +197,7 @@ def _run_into(out_dir, tok, docs_fn, st, **kw) -> dict:
     """`prepare.run` into `out_dir`, created if needed; on bad input (ConfigError) what this call
     wrote is removed (a continued prepare's earlier shards stay)."""
     from gpt2common import prepare as pp
-    from gpt2common.outdir import _missing_dirs
+    from gpt2common.outdir import _missing_dirs, _remove_empty
 
     out = Path(out_dir)
     created = _missing_dirs(str(out))  # deepest first: removed again, each while empty, on bad input
@@ -220,11 +213,7 @@ def _run_into(out_dir, tok, docs_fn, st, **kw) -> dict:
         for name in set(os.listdir(out)) - before:
             with contextlib.suppress(OSError):
                 os.unlink(out / name)
-        for d in created:
-            try:
-                os.rmdir(d)
-            except OSError:
-                break
+        _remove_empty(created)
         raise
 
 
@@ -259,13 +248,7 @@ def prepare_input(source: str, out_dir: str, tokenizer: str = "byte", text_key: 
                           f"(tokenizer={tokenizer}): give model.vocab_size={tok.vocab_size}, or prepare the text first "
                           "(jaxpar prepare), whose vocab a run then takes")
     _check_vocab(tok, None)
-    warned: set[str] = set()
-
-    def warn(m: str) -> None:  # each warning once, though a continued run's BPE pass reads again
-        if m not in warned:
-            warned.add(m)
-            sys.stderr.write(f"warning: {m}\n")
-
+    warn = pp.warn_once()
     raw = tok._hf is None  # the byte tokenizer takes a text file's bytes as they are
     docs_fn = lambda: documents(raw, warn)  # noqa: E731
     total = len(text.encode("utf-8")) if builtin else sum(os.path.getsize(p) for p in paths)
@@ -274,7 +257,7 @@ def prepare_input(source: str, out_dir: str, tokenizer: str = "byte", text_key: 
                      val_fraction=pp.VAL_FRACTION if val_fraction is None else val_fraction, seed=seed,
                      shard_tokens=shard_tokens or pp.SHARD_TOKENS, seg_chars=seg_chars or SEG_CHARS)
     return _run_into(out_dir, tok, docs_fn, st, workers=workers, single=single, total_bytes=total, quiet=quiet,
-                     min_tokens=min_tokens, key=key)
+                     min_tokens=min_tokens, key=key, warn=warn)
 
 
 def is_prepared(path: str) -> bool:

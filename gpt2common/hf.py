@@ -165,6 +165,10 @@ def save_hf(path: str, cfg: ModelConfig, params: Params) -> None:
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # gpt2, openai-community/gpt2
 
 
+def hf_home() -> str:
+    return os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface"))
+
+
 def hub_cache_dir() -> str:
     """Where `cached_snapshot` looks: huggingface_hub's cache dir (HF_HUB_CACHE, else HF_HOME/hub)."""
     try:
@@ -172,9 +176,7 @@ def hub_cache_dir() -> str:
 
         return constants.HF_HUB_CACHE
     except ImportError:
-        pass
-    home = os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface"))
-    return os.environ.get("HF_HUB_CACHE", os.path.join(home, "hub"))
+        return os.environ.get("HF_HUB_CACHE", os.path.join(hf_home(), "hub"))
 
 
 def cached_snapshot(name: str) -> str | None:

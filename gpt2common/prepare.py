@@ -250,8 +250,20 @@ def _count_tokens(docs, hf, st: Settings, workers: int, init_args) -> int:
                                                init_args) for _, _, ids in res)
 
 
+def warn_once():
+    """A `warn(message)` that writes each message to stderr once (the corpus may be read twice:
+    a BPE's training pass, a one-document input's count pass)."""
+    warned: set[str] = set()
+
+    def warn(m: str) -> None:
+        if m not in warned:
+            warned.add(m)
+            sys.stderr.write(f"warning: {m}\n")
+    return warn
+
+
 def run(docs_fn, out: str, tok, st: Settings, workers: int = 1, single: bool = False, total_bytes: int = 0,
-        quiet: bool = False, min_tokens: int = 0, key: str = "input") -> dict:
+        quiet: bool = False, min_tokens: int = 0, key: str = "input", warn=None) -> dict:
     """Tokenize the documents `docs_fn()` yields into `out` (which exists and is ours). Returns
     meta. Continues from `out`/prepare.progress.json when its settings are `st`."""
     t0 = time.time()
@@ -291,12 +303,7 @@ def run(docs_fn, out: str, tok, st: Settings, workers: int = 1, single: bool = F
     val = _Shards(outp, "val", dtype, state["val"])
     stats = {"docs": state["docs_done"], "bytes": 0}
     bar = _Progress(total_bytes, quiet)
-    warned: set[str] = set()
-
-    def warn(m):
-        if m not in warned:
-            warned.add(m)
-            sys.stderr.write(f"warning: {m}\n")
+    warn = warn or warn_once()
 
     cur_doc, doc_start, val_docs, written = -1, 0, state["val_docs"], 0
     last_is_val = False
