@@ -216,6 +216,8 @@ def test_bad_input_is_one_line_and_nothing_is_written(corpus, tmp_path):
     j = tmp_path / "x.jsonl"
     j.write_text('{"text": "a"}\n{"body": "b"}\n')
     assert _refused([f"input={j}"], tmp_path) == f"error: {j}:2: no field text_key='text'\n"
+    j.write_text('{"text": "a"}\n{"text": "b"\n')
+    assert _refused([f"input={j}"], tmp_path) == f"error: {j}:2: not a JSON object\n"
     j.write_text('{"text": "a"}\n{"text": 7}\n')
     assert _refused([f"input={j}"], tmp_path) == f"error: {j}:2: field 'text' is int, not a string\n"
     g = tmp_path / "x.jsonl.gz"
