@@ -53,15 +53,16 @@ def runs():
 
 def test_every_dot_of_the_fp32_step_is_a_ynnpack_dot(runs):
     """Per layer 4 weight matmuls x 3 dots and the attention core's 6 per causal query block (2 at
-    T = 128: mixed_attention._fwd_blocked), plus the tied head's 3; the plain path (6 attention dots)
-    runs 3 of them in Eigen (both MLP weight gradients and dK): the test's own check that the census
-    sees the difference."""
+    T = 128: mixed_attention._fwd_blocked), plus the tied head's 3; the plain path has 6 attention
+    dots. Which of the plain path's dots XLA:CPU hands to YNNPACK is the compiler's choice (jax 0.10
+    to 0.12.0 ran both MLP weight gradients and dK in Eigen; 0.12.1 runs all 21 in YNNPACK), so only
+    its count is pinned; test_mixed_attention.test_the_dot_census_tells_ynnpack_from_eigen checks
+    that the census labels an Eigen dot 'xla'."""
     assert mixed_attention.causal_blocks(T) == 2
     dots = _dots(runs["new"][0])
     assert dots == [("ynn", "f32", "f32", "f32")] * (MC.n_layer * (4 * 3 + 6 * 2) + 3), sorted(set(dots))
-    n_dots = MC.n_layer * (4 * 3 + 6) + 3
     plain = _dots(runs["plain"][0])
-    assert len(plain) == n_dots and plain.count(("xla", "f32", "f32", "f32")) == 3, plain
+    assert len(plain) == MC.n_layer * (4 * 3 + 6) + 3 and {d[1:] for d in plain} == {("f32", "f32", "f32")}, plain
 
 
 def test_the_fp32_step_never_transposes_the_gelu_output(runs):

@@ -95,6 +95,32 @@ def _dots(hlo: str):
     return out
 
 
+
+# Compiled XLA:CPU HLO as jax 0.12 prints it: a YNNPACK dot is a dot inside a computation that a
+# `__ynn_fusion` custom fusion calls; any other dot runs in Eigen (or XLA's own emitter).
+CENSUS_HLO = """\
+%fused_computation (param_0: f32[4,8], param_1: bf16[8,2]) -> f32[4,2] {
+  %param_0 = f32[4,8]{1,0} parameter(0)
+  %param_1 = bf16[8,2]{1,0} parameter(1)
+  ROOT %dot_general.0 = f32[4,2]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main.1 (a.1: f32[4,8], b.1: bf16[8,2], c.1: f32[2,3]) -> (f32[4,2], f32[4,3]) {
+  %a.1 = f32[4,8]{1,0} parameter(0)
+  %b.1 = bf16[8,2]{1,0} parameter(1)
+  %c.1 = f32[2,3]{1,0} parameter(2)
+  %ynn_fusion = f32[4,2]{1,0} fusion(%a.1, %b.1), kind=kCustom, calls=%fused_computation, backend_config={"fusion_config":{"kind":"__ynn_fusion"},"outer_dimension_partitions":[]}
+  %dot.1 = f32[4,3]{1,0} dot(%ynn_fusion, %c.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %tuple = (f32[4,2]{1,0}, f32[4,3]{1,0}) tuple(%ynn_fusion, %dot.1)
+}
+"""
+
+
+def test_the_dot_census_tells_ynnpack_from_eigen():
+    assert _dots(CENSUS_HLO) == [("ynn", "f32", "f32", "bf16"), ("xla", "f32", "f32", "f32")]
+    no_ynn = CENSUS_HLO.replace('"kind":"__ynn_fusion"', '"kind":"__other"')
+    assert _dots(no_ynn) == [("xla", "f32", "f32", "bf16"), ("xla", "f32", "f32", "f32")]
+
 # Runs on every host: XLA:CPU's choice of YNNPACK bf16 dots (ynn_support.cc) reads no CPU feature, and an
 # emulated AVX2-only host (tests/avx2_host) compiles and runs the same dots (benchmarks/README.md, "Emulated AVX2-only host").
 # Both forms run on every host (`dot_form`): AVX2-only hosts take the fp32-kernel one by default.
