@@ -310,7 +310,25 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
                                           else env.get(ENV_HEARTBEAT_TIMEOUT, 30))
     _use_cpu_collectives()
     jax.distributed.initialize(**kw)
+    _no_persistent_cache_across_cpu_processes()
     return {"method": m, **{k: v for k, v in kw.items()}}
+
+
+def _no_persistent_cache_across_cpu_processes() -> None:
+    """Turn JAX's persistent compilation cache off in a multi-process CPU job, with one line from
+    process 0. On jax 0.12.1 every process of such a job hangs for good in the first step whose
+    executable it read from the cache (a cross-process psum of 2 processes, run twice: the second
+    run never returns; jax 0.10.2 runs it). CPU programs compile in seconds, so nothing is lost."""
+    import jax
+
+    if not jax.config.jax_compilation_cache_dir or not jax.config.jax_enable_compilation_cache:
+        return
+    if jax.process_count() < 2 or jax.default_backend() != "cpu":
+        return
+    jax.config.update("jax_enable_compilation_cache", False)
+    if jax.process_index() == 0:
+        print(f"note: the compilation cache ({jax.config.jax_compilation_cache_dir}) is off in a multi-process "
+              "CPU job (jax 0.12.1 hangs running a program read from it)", file=sys.stderr)
 
 
 def maybe_initialize_distributed() -> dict | None:

@@ -104,17 +104,28 @@ def rank_of(pid: int) -> int | None:
         return None
 
 
-def run_bare_pair(argv: list[str], timeout: float = 300, **env) -> tuple[list[int], list[str]]:
+def run_bare_pair(argv: list[str], timeout: float = 120, **env) -> tuple[list[int], list[str]]:
     """Run `jaxpar <argv>` as two bare processes of one job on a free localhost port (as
     srun/mpiexec would start them, no launcher), `env` added to both; wait for both.
-    Returns their (exit codes, stderrs), rank 0 first."""
+    Returns their (exit codes, stderrs), rank 0 first. No compilation cache unless `env` names one
+    (a multi-process CPU job turns it off with a note: mesh._no_persistent_cache_across_cpu_processes).
+    A pair still running after `timeout` seconds is killed and fails the test with both stderrs."""
     from jaxpar.run.launch import free_port
 
-    base = clean_env(JAXPAR_COORDINATOR=f"127.0.0.1:{free_port()}", JAXPAR_NUM_PROCESSES="2", **env)
+    base = clean_env(JAXPAR_COORDINATOR=f"127.0.0.1:{free_port()}", JAXPAR_NUM_PROCESSES="2",
+                     **{"JAX_COMPILATION_CACHE_DIR": "", **env})
     procs = [subprocess.Popen([sys.executable, "-m", "jaxpar.cli", *argv], env={**base, "JAXPAR_PROCESS_ID": str(r)},
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    deadline, errs = time.monotonic() + timeout, []
     try:
-        errs = [p.communicate(timeout=timeout)[1] for p in procs]
+        for p in procs:
+            errs.append(p.communicate(timeout=max(deadline - time.monotonic(), 0.1))[1])
+    except subprocess.TimeoutExpired:
+        for q in procs:
+            q.kill()
+        errs += [q.communicate()[1] for q in procs[len(errs):]]
+        tails = [f"rank {r} (exit {q.wait()}): {e[-1500:]!r}" for r, (q, e) in enumerate(zip(procs, errs))]
+        raise AssertionError(f"the pair was still running after {timeout:g} s; " + "; ".join(tails)) from None
     finally:
         for q in procs:
             if q.poll() is None:
