@@ -217,19 +217,16 @@ def test_a_peer_lost_during_a_checkpoint_is_one_line(tmp_path):
     assert [n for n in os.listdir(out / "ckpt") if n.isdigit()] == []
 
 
-def test_a_warm_compilation_cache_is_off_in_a_cpu_job_and_the_job_runs(tmp_path):
-    """The same 2-process CPU job twice over one compilation cache dir. With the cache on, jax 0.12.1
-    wrote the step on the first run and hung for good running it on the second (both ranks in step
-    1's device_get); the cache is off in such a job, and process 0 says so in one line."""
-    cache = tmp_path / "xla-cache"
-    argv = [*TRAIN[:7], "mesh.data=2", "train.steps=2", "train.eval_every=0", "progress=plain"]
-    runs = []
-    for k in range(2):
-        out = tmp_path / f"run{k}"
-        codes, (err0, err1) = run_bare_pair([*argv, f"out={out}"], timeout=90, JAX_COMPILATION_CACHE_DIR=str(cache))
-        assert codes == [0, 0], (err0[-2000:], err1[-2000:])
-        assert err0 == (f"note: the compilation cache ({cache}) is off in a multi-process CPU job (jax 0.12.1 hangs "
-                        "running a program read from it)\n") and err1 == "", (err0, err1)
-        with open(out / "metrics.jsonl") as f:
-            runs.append([json.loads(ln)["loss"] for ln in f])
-    assert len(runs[0]) == 2 and runs[1] == runs[0]
+def test_the_compilation_cache_is_off_in_a_multi_process_cpu_job(tmp_path):
+    """With JAX_COMPILATION_CACHE_DIR set, the second run of a 2-process CPU job hung for good on jax
+    0.12.1 (both ranks in step 1's device_get, running the step process 0 had written to the cache on
+    the first run). The cache is off in such a job: nothing is written to it, so nothing is read from
+    it, and process 0 says so in one line."""
+    cache, out = tmp_path / "xla-cache", tmp_path / "run"
+    argv = [*TRAIN[:7], "mesh.data=2", "train.steps=2", "train.eval_every=0", "progress=plain", f"out={out}"]
+    codes, (err0, err1) = run_bare_pair(argv, timeout=90, JAX_COMPILATION_CACHE_DIR=str(cache))
+    assert codes == [0, 0], (err0[-2000:], err1[-2000:])
+    assert err0 == (f"note: the compilation cache ({cache}) is off in a multi-process CPU job (jax 0.12.1 hangs "
+                    "running a program read from it)\n") and err1 == "", (err0, err1)
+    assert _steps(out) == [1, 2]
+    assert not cache.exists() or list(cache.iterdir()) == []
