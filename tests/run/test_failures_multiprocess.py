@@ -223,8 +223,8 @@ def test_the_compilation_cache_is_off_in_a_multi_process_cpu_job(tmp_path):
     the first run). The cache is off in such a job: nothing is written to it, so nothing is read from
     it, and process 0 says so in one line."""
     cache, out = tmp_path / "xla-cache", tmp_path / "run"
-    argv = [*TRAIN[:7], "mesh.data=2", "train.steps=2", "train.eval_every=0", "progress=plain", f"out={out}"]
-    codes, (err0, err1) = run_bare_pair(argv, timeout=90, JAX_COMPILATION_CACHE_DIR=str(cache))
+    codes, (err0, err1) = run_bare_pair([*TRAIN, "train.steps=2", f"out={out}"], timeout=90,
+                                        JAX_COMPILATION_CACHE_DIR=str(cache))
     assert codes == [0, 0], (err0[-2000:], err1[-2000:])
     assert err0 == (f"note: the compilation cache ({cache}) is off in a multi-process CPU job (jax 0.12.1 hangs "
                     "running a program read from it)\n") and err1 == "", (err0, err1)
